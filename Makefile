@@ -1,0 +1,30 @@
+# The two commands: `make demo` runs a whole GPUFlex network on this machine; `make test` runs every check.
+# Both set up .venv first (torch==2.13.0 before the rest, so pip takes the CPU build this machine has).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "GPUFlex needs Python >= 3.11 (set PYTHON=...)")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gpuflex demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) gpuflex-demo .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,5 @@
+"""``python -m gpuflex`` is the ``gpuflex`` command."""
+
+from gpuflex.cli.main import main
+
+main()

@@ -1,0 +1,188 @@
+"""The agent daemon: a set of periodic duties around at most one running task.
+
+    register -> loop { heartbeat (renew leases, learn revocations); lease when idle; watch the task }
+
+The heartbeat runs in its own thread so a slow lease call never starves it. One failing duty is
+logged and retried; the daemon lives on (a coordinator restart is an outage, not a crash). On
+SIGTERM it hands its task back (so the market re-leases it at once), says goodbye and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuflex.agent.benchmark import run_benchmark
+from gpuflex.agent.hardware import probe_hardware
+from gpuflex.agent.sandbox import Limits, TaskProcess, start_task
+from gpuflex.auth.signing import NodeKey
+from gpuflex.client import NodeClient
+from gpuflex.errors import GPUFlexError
+from gpuflex.protocol import messages as m
+
+log = logging.getLogger("gpuflex.agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    coordinator_url: str
+    name: str
+    data_dir: Path
+    price_per_hour: float
+    kind: m.NodeKind = "community"
+    core_token: str | None = None
+    region: str = "local"
+    task_threads: int = 1
+    lease_poll_s: float = 1.0
+    benchmark_s: float = 1.5
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass
+class RunningTask:
+    grant: m.LeaseGrant
+    process: TaskProcess
+
+
+class Agent:
+    def __init__(self, config: AgentConfig):
+        self.config = config
+        self.key = NodeKey.load_or_create(config.data_dir / "node.key")
+        self.client = NodeClient(config.coordinator_url, self.key)
+        self.stopping = threading.Event()
+        self.heartbeat_interval_s = 2.0
+        self.task: RunningTask | None = None  # owned by the main loop; the heartbeat thread only reads it
+        self.revoked: set[str] = set()  # leases the coordinator told us to stop, filled by heartbeats
+
+    def register(self) -> m.NodeRegistered:
+        """Probe, benchmark and register; retried until the coordinator answers or we are stopped."""
+        hardware = probe_hardware()
+        bench = run_benchmark(hardware.device, budget_s=self.config.benchmark_s)
+        msg = m.NodeRegister(
+            name=self.config.name,
+            public_key=self.key.public_key_hex,
+            kind=self.config.kind,
+            core_token=self.config.core_token,
+            hardware=hardware,
+            benchmark=bench,
+            price_per_hour=self.config.price_per_hour,
+            region=self.config.region,
+        )
+        while True:
+            try:
+                registered = self.client.register(msg)
+                break
+            except GPUFlexError as err:
+                if err.status_code < 500 or self.stopping.wait(2.0):
+                    raise
+                log.warning("register: %s; retrying", err.message)
+        self.heartbeat_interval_s = registered.heartbeat_interval_s
+        log.info(
+            "registered %s as %s (%s, %.3f TFLOPS)",
+            self.config.name,
+            registered.node_id,
+            self.config.kind,
+            bench.tflops_fp32,
+        )
+        return registered
+
+    def run(self) -> None:
+        self.register()
+        beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        beat.start()
+        while not self.stopping.is_set():
+            self._duty("watch task", self._watch_task)
+            if self.task is None and not self.stopping.is_set():
+                self._duty("lease", self._lease)
+            self.stopping.wait(self.config.lease_poll_s if self.task is None else 0.5)
+        self._drain()
+        beat.join(timeout=5)
+
+    def stop(self, *_: object) -> None:
+        self.stopping.set()
+
+    def _duty(self, name: str, fn) -> None:
+        try:
+            fn()
+        except GPUFlexError as err:
+            log.warning("%s: %s", name, err.message)
+        except Exception:
+            log.exception("%s failed; retrying next pass", name)
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stopping.wait(self.heartbeat_interval_s):
+            self._duty("heartbeat", self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        task = self.task
+        held = [m.LeaseHeld(lease_id=task.grant.lease_id, epoch=task.grant.epoch)] if task else []
+        ack = self.client.heartbeat(held)
+        self.heartbeat_interval_s = ack.heartbeat_interval_s
+        self.revoked.update(ack.revoked)
+
+    def _lease(self) -> None:
+        grant = self.client.lease()
+        if grant is None:
+            return
+        workdir = self.config.data_dir / "tasks" / grant.lease_id
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "task.json").write_text(grant.task.model_dump_json())
+        process = start_task(
+            [sys.executable, "-m", "gpuflex.agent.runner", "task.json"],
+            workdir=workdir,
+            env_extra={
+                "GPUFLEX_COORDINATOR_URL": self.config.coordinator_url,
+                "GPUFLEX_TASK_TOKEN": grant.task_token,
+                "GPUFLEX_TASK_THREADS": str(self.config.task_threads),
+            },
+            limits=self.config.limits,
+            log_path=workdir / "task.log",
+        )
+        self.task = RunningTask(grant, process)
+        log.info(
+            "leased %s %s of job %s (epoch %d)",
+            grant.role,
+            grant.task.worker_index,
+            grant.job_id,
+            grant.epoch,
+        )
+
+    def _watch_task(self) -> None:
+        """Report a task that ended; stop one whose lease the coordinator revoked (no report due)."""
+        task = self.task
+        if task is None:
+            return
+        if task.grant.lease_id in self.revoked:
+            log.info("lease %s was revoked; stopping its task", task.grant.lease_id)
+            task.process.terminate(grace_s=5)
+            self.task = None
+            return
+        code = task.process.poll()
+        if code is None:
+            return
+        outcome = "completed" if code == 0 else "failed"
+        detail = "" if code == 0 else f"exit code {code}: {task.process.tail(1500)}"
+        log.info("task of lease %s ended: %s", task.grant.lease_id, outcome)
+        self.task = None
+        self._report(task.grant, outcome, detail)
+
+    def _report(self, grant: m.LeaseGrant, outcome: m.LeaseOutcome, detail: str) -> None:
+        try:
+            self.client.report(
+                grant.lease_id, m.LeaseReport(epoch=grant.epoch, outcome=outcome, detail=detail)
+            )
+        except GPUFlexError as err:
+            log.warning("report of lease %s: %s", grant.lease_id, err.message)
+
+    def _drain(self) -> None:
+        """Hand back a running task, say goodbye, and leave nothing running."""
+        task, self.task = self.task, None
+        if task is not None:
+            task.process.terminate(grace_s=5)
+            self._report(task.grant, "released", "the provider is shutting down")
+        self._duty("leave", self.client.leave)
+        self.client.close()
+        log.info("left the network")

@@ -1,0 +1,39 @@
+"""Inside the task subprocess: read the task config, reach the coordinator with the task token, train.
+
+    python -m gpuflex.agent.runner task.json      # started by the agent's sandbox, never by hand
+
+This is a process entry point, so it reads its environment (set by the agent) here and only here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from gpuflex.client import TaskClient
+    from gpuflex.protocol.messages import TaskConfig
+    from gpuflex.train.task import run_task
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    torch.set_num_threads(int(os.environ.get("GPUFLEX_TASK_THREADS", "1")))
+    stop = {"requested": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
+    config = TaskConfig.model_validate_json(Path(argv[0]).read_text())
+    client = TaskClient(os.environ["GPUFLEX_COORDINATOR_URL"], os.environ["GPUFLEX_TASK_TOKEN"])
+    try:
+        summary = run_task(config, client, should_stop=lambda: stop["requested"])
+    finally:
+        client.close()
+    logging.info("task done: %s", summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,22 @@
+"""Bearer tokens: consumers' API tokens and the lease-scoped tokens of task subprocesses.
+
+The coordinator stores only a token's sha256, so a leaked database does not leak tokens.
+"""
+
+import hashlib
+import secrets
+
+API_PREFIX = "gfx_"
+TASK_PREFIX = "gfxtask_"
+
+
+def new_api_token() -> str:
+    return API_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_task_token() -> str:
+    return TASK_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()

@@ -1,0 +1,11 @@
+"""The ``gpuflex`` command line (Typer + Rich); one module per command group.
+
+- ``main``         the app, its groups, and the one-line error handling
+- ``profile``      where the CLI finds the coordinator URL and the API token
+- ``coordinator``  ``coordinator serve | migrate``
+- ``provider``     ``provider start``
+- ``account``      ``account create``, ``wallet deposit | balance``
+- ``jobs``         ``submit``, ``jobs``, ``job show | logs | cancel | fetch``, ``offers``
+- ``ledger``       ``ledger verify``
+- ``demo``         ``demo``: the whole network on this machine
+"""

@@ -1,0 +1,62 @@
+"""``gpuflex coordinator serve | migrate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpuflex.coordinator.settings import CoordinatorSettings
+
+coordinator_app = typer.Typer(help="Run the coordinator (the operator's service).", no_args_is_help=True)
+console = Console(stderr=True)
+
+DataDir = Annotated[Path | None, typer.Option(help="database, blobs and keys [env GPUFLEX_DATA_DIR]")]
+DatabaseUrl = Annotated[str | None, typer.Option(help="SQLAlchemy URL [env GPUFLEX_DATABASE_URL]")]
+
+
+def _settings(data_dir: Path | None, database_url: str | None) -> CoordinatorSettings:
+    overrides = {
+        k: v for k, v in {"data_dir": data_dir, "database_url": database_url}.items() if v is not None
+    }
+    return CoordinatorSettings(**overrides)
+
+
+@coordinator_app.command("migrate")
+def migrate(data_dir: DataDir = None, database_url: DatabaseUrl = None) -> None:
+    """Create or upgrade the database schema."""
+    from gpuflex.coordinator.migrate import upgrade
+
+    settings = _settings(data_dir, database_url)
+    upgrade(settings.sqlalchemy_url)
+    console.print(f"database at {settings.sqlalchemy_url.split('@')[-1]} is up to date")
+
+
+@coordinator_app.command("serve")
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8750,
+    data_dir: DataDir = None,
+    database_url: DatabaseUrl = None,
+    migrate_first: Annotated[
+        bool, typer.Option("--migrate/--no-migrate", help="upgrade the schema first")
+    ] = True,
+) -> None:
+    """Serve the HTTP API (OpenAPI docs at /docs)."""
+    import uvicorn
+
+    from gpuflex.coordinator.app import create_app
+    from gpuflex.coordinator.migrate import upgrade
+
+    settings = _settings(data_dir, database_url)
+    if migrate_first:
+        upgrade(settings.sqlalchemy_url)
+    console.print(
+        f"core token (for `provider start --core`) in {settings.data_dir / 'core_token'}"
+        if not settings.core_token
+        else "core token from GPUFLEX_CORE_TOKEN"
+    )
+    settings.resolved_core_token()
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")

@@ -1,0 +1,141 @@
+"""``gpuflex submit``, ``jobs``, ``job show | logs | cancel | fetch`` and ``offers``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpuflex.cli.options import Token, Url
+from gpuflex.cli.profile import consumer_client
+from gpuflex.cli.watch import watch_job
+from gpuflex.client import Client
+from gpuflex.protocol.messages import JobInfo
+from gpuflex.protocol.spec import JobSpec, load_job_spec
+
+job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
+console = Console()
+JobId = Annotated[str, typer.Argument(help="job id, as `gpuflex jobs` lists it")]
+
+
+def upload_dataset(client: Client, spec: JobSpec) -> str:
+    """Build the job's text corpus on this machine and upload it; returns its sha256."""
+    from gpuflex.train.corpus import build_corpus
+
+    corpus = build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions)
+    return client.upload(corpus)
+
+
+def submit(
+    spec_file: Annotated[Path, typer.Argument(help="job spec YAML", metavar="JOB.yaml")],
+    watch: Annotated[bool, typer.Option(help="follow the job until it ends")] = False,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Submit a job from a YAML spec; its budget moves into escrow."""
+    spec = load_job_spec(spec_file)
+    client = consumer_client(url, token)
+    job = client.submit(spec, upload_dataset(client, spec))
+    console.print(f"submitted job [bold]{job.id}[/] ({job.name}); budget {job.budget:.2f} credits in escrow")
+    if watch:
+        _summary(watch_job(client, job.id, console))
+
+
+def list_jobs(url: Url = None, token: Token = None) -> None:
+    """List your jobs."""
+    table = Table("id", "name", "state", "round", "val loss", "spent", "budget")
+    for j in consumer_client(url, token).jobs():
+        table.add_row(
+            j.id,
+            j.name,
+            j.state,
+            f"{j.round}/{j.rounds}",
+            _f(j.val_loss),
+            f"{j.spent:.6f}",
+            f"{j.budget:.2f}",
+        )
+    console.print(table)
+
+
+def offers(url: Url = None, token: Token = None) -> None:
+    """List the nodes on offer, cheapest first."""
+    table = Table("node", "name", "kind", "device", "TFLOPS", "VRAM GB", "price/h", "region", "state")
+    for o in consumer_client(url, token).offers():
+        table.add_row(
+            o.node_id,
+            o.name,
+            o.kind,
+            o.gpu or o.device,
+            f"{o.tflops:.3f}",
+            f"{o.vram_gb:.0f}",
+            f"{o.price_per_hour:.3f}",
+            o.region,
+            o.state,
+        )
+    console.print(table)
+
+
+@job_app.command("show")
+def show(job_id: JobId, url: Url = None, token: Token = None) -> None:
+    """A job's state, its tasks (and why each node was chosen), rounds and costs."""
+    job = consumer_client(url, token).job(job_id)
+    _summary(job)
+    tasks = Table("task", "role", "state", "node", "epoch", "why this node", title="tasks")
+    for t in job.tasks:
+        tasks.add_row(t.id, f"{t.role} {t.index}", t.state, t.node_id or "-", str(t.epoch), t.placement)
+    rounds = Table("round", "val loss", "train loss", "contributions", title="rounds")
+    for r in job.rounds_log:
+        rounds.add_row(str(r.round), _f(r.val_loss), _f(r.train_loss), str(r.contributions))
+    costs = Table("node", "name", "kind", "seconds", "credits", title="costs")
+    for c in job.costs:
+        costs.add_row(c.node_id, c.name, c.kind, f"{c.seconds:.1f}", f"{c.cost:.6f}")
+    for table in (tasks, rounds, costs):
+        console.print(table)
+
+
+@job_app.command("logs")
+def logs(job_id: JobId, url: Url = None, token: Token = None) -> None:
+    """A job's event log: placements, leases, rounds, failures."""
+    for e in consumer_client(url, token).logs(job_id):
+        console.print(f"[dim]{e.at:%H:%M:%S}[/] {e.message}", markup=True, highlight=False)
+
+
+@job_app.command("cancel")
+def cancel(job_id: JobId, url: Url = None, token: Token = None) -> None:
+    """Cancel a job: providers are paid for time used, the rest is refunded."""
+    job = consumer_client(url, token).cancel(job_id)
+    console.print(f"job {job.id} {job.state}; spent {job.spent:.6f} credits, the rest refunded")
+
+
+@job_app.command("fetch")
+def fetch(
+    job_id: JobId,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="file to write")] = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Download a job's final checkpoint (safetensors)."""
+    output = output or Path(f"{job_id}.safetensors")
+    output.write_bytes(consumer_client(url, token).checkpoint(job_id))
+    console.print(f"checkpoint written to {output}")
+
+
+@job_app.command("watch")
+def watch(job_id: JobId, url: Url = None, token: Token = None) -> None:
+    """Follow a job live until it ends."""
+    _summary(watch_job(consumer_client(url, token), job_id, console))
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def _summary(job: JobInfo) -> None:
+    console.print(
+        f"job [bold]{job.id}[/] {job.name}: {job.state}{' (' + job.reason + ')' if job.reason else ''}; "
+        f"round {job.round}/{job.rounds}; val loss {_f(job.initial_val_loss)} -> {_f(job.val_loss)}; "
+        f"spent {job.spent:.6f} of {job.budget:.2f} credits"
+    )

@@ -1,0 +1,69 @@
+"""``gpuflex ledger export | verify``: anyone can re-check the journal's hash chain offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpuflex.cli.options import Token, Url
+from gpuflex.cli.profile import consumer_client
+from gpuflex.errors import BadRequest, GPUFlexError
+from gpuflex.ledger.journal import ChainReport, Entry, verify_chain
+from gpuflex.protocol.messages import LedgerExport
+
+ledger_app = typer.Typer(help="Audit the ledger.", no_args_is_help=True)
+console = Console()
+
+
+def check(export: LedgerExport) -> ChainReport:
+    entries = [
+        Entry(
+            seq=e.seq,
+            at=e.at,
+            kind=e.kind,
+            memo=e.memo,
+            prev_hash=e.prev_hash,
+            hash=e.hash,
+            postings=tuple((p.account, p.amount) for p in e.postings),
+        )
+        for e in export.entries
+    ]
+    return verify_chain(entries)
+
+
+def _load(source: str | None, url: str | None, token: str | None) -> LedgerExport:
+    if source is None or source.startswith(("http://", "https://")):
+        return consumer_client(source or url, token).ledger()
+    try:
+        return LedgerExport.model_validate_json(Path(source).read_text())
+    except OSError as err:
+        raise BadRequest(f"cannot read {source}: {err.strerror}") from None
+    except ValueError as err:
+        raise BadRequest(f"{source} is not a ledger export: {str(err).splitlines()[0]}") from None
+
+
+@ledger_app.command("export")
+def export(
+    output: Annotated[Path, typer.Option("-o", "--output")] = Path("ledger.json"),
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Save the journal as JSON for offline verification."""
+    output.write_text(consumer_client(url, token).ledger().model_dump_json(indent=1))
+    console.print(f"ledger written to {output}")
+
+
+@ledger_app.command("verify")
+def verify(
+    source: Annotated[str | None, typer.Option("--from", help="an export file or a coordinator URL")] = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Re-check every entry's hash, the chain, the balancing of postings and that no balance went negative."""
+    report = check(_load(source, url, token))
+    if not report.ok:
+        raise GPUFlexError(f"ledger: {report.entries} entries, chain BROKEN: {report.problem}")
+    console.print(f"ledger: {report.entries} entries, chain verified (head {report.head[:16]})")

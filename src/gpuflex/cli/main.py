@@ -1,0 +1,36 @@
+"""The ``gpuflex`` app: command groups, and errors as one clear line with a non-zero exit."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from gpuflex.cli import account, coordinator, demo, jobs, ledger, provider
+from gpuflex.errors import GPUFlexError
+
+app = typer.Typer(
+    name="gpuflex",
+    help="GPUFlex: train models on many unreliable, heterogeneous GPUs with DiLoCo-style rounds.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command("demo")(demo.demo)
+app.add_typer(coordinator.coordinator_app, name="coordinator")
+app.add_typer(provider.provider_app, name="provider")
+app.add_typer(account.account_app, name="account")
+app.add_typer(account.wallet_app, name="wallet")
+app.command("submit")(jobs.submit)
+app.command("jobs")(jobs.list_jobs)
+app.add_typer(jobs.job_app, name="job")
+app.command("offers")(jobs.offers)
+app.add_typer(ledger.ledger_app, name="ledger")
+
+
+def main() -> None:
+    try:
+        app()
+    except GPUFlexError as err:
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {err.message}", highlight=False)
+        sys.exit(1)

@@ -1,0 +1,46 @@
+"""A live Rich view of a running job: round, losses, live workers and credits spent."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gpuflex.client import Client
+from gpuflex.protocol.messages import JobInfo
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def _loss(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _describe(job: JobInfo) -> str:
+    return (
+        f"{job.state:<9} train {_loss(job.train_loss)}  val {_loss(job.val_loss)}  "
+        f"workers {job.live_workers}  spent {job.spent:.6f} cr"
+    )
+
+
+def watch_job(
+    client: Client, job_id: str, console: Console, *, poll_s: float = 0.5, timeout_s: float | None = None
+) -> JobInfo:
+    """Follow a job until it ends (or ``timeout_s`` passes); returns its last state."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    job = client.job(job_id)
+    columns = (
+        TextColumn("[bold]round"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task(_describe(job), total=job.rounds, completed=job.round)
+        while job.state not in TERMINAL and (deadline is None or time.monotonic() < deadline):
+            time.sleep(poll_s)
+            job = client.job(job_id)
+            progress.update(bar, completed=job.round, description=_describe(job))
+    return job

@@ -1,0 +1,77 @@
+"""One HTTP session to the coordinator: errors become ``gpuflex.errors``, brief outages are retried."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+
+from gpuflex.errors import ServiceError, from_status
+
+RETRYABLE_STATUS = {502, 503, 504}
+
+
+class HttpSession:
+    """Requests to one coordinator. ``sign`` adds headers computed from (method, path, body)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        sign: Callable[[str, str, bytes], dict[str, str]] | None = None,
+        timeout_s: float = 30.0,
+        retry_for_s: float = 0.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.sign = sign
+        self.retry_for_s = retry_for_s
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers or {}, timeout=timeout_s, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: object = None,
+        content: bytes | None = None,
+        params: dict | None = None,
+    ) -> httpx.Response:
+        """Send one request; retry connection failures and 5xx for up to ``retry_for_s`` seconds."""
+        deadline = time.monotonic() + self.retry_for_s
+        delay = 0.2
+        while True:
+            try:
+                response = self._send(method, path, json=json, content=content, params=params)
+            except httpx.TransportError as err:
+                if time.monotonic() >= deadline:
+                    raise ServiceError(f"cannot reach the coordinator at {self.base_url}: {err}") from None
+            else:
+                if response.status_code not in RETRYABLE_STATUS or time.monotonic() >= deadline:
+                    return _checked(response)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _send(self, method, path, *, json, content, params) -> httpx.Response:
+        request = self._http.build_request(method, path, json=json, content=content, params=params)
+        if self.sign is not None:
+            target = request.url.raw_path.decode()
+            request.headers.update(self.sign(method, target, request.read()))
+        return self._http.send(request)
+
+
+def _checked(response: httpx.Response) -> httpx.Response:
+    if response.is_success:
+        return response
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        detail = response.text or response.reason_phrase
+    raise from_status(response.status_code, f"{detail} (HTTP {response.status_code})")

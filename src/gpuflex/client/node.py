@@ -1,0 +1,36 @@
+"""``NodeClient``: a provider node's calls, each signed with its Ed25519 key."""
+
+from __future__ import annotations
+
+from gpuflex.auth.signing import NodeKey
+from gpuflex.client.http import HttpSession
+from gpuflex.protocol import messages as m
+
+
+class NodeClient:
+    def __init__(self, url: str, key: NodeKey, *, retry_for_s: float = 0.0, transport=None):
+        self.key = key
+        self.http = HttpSession(url, sign=key.sign_request, retry_for_s=retry_for_s, transport=transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def register(self, msg: m.NodeRegister) -> m.NodeRegistered:
+        response = self.http.request("POST", "/v1/nodes/register", json=msg.model_dump(mode="json"))
+        return m.NodeRegistered.model_validate(response.json())
+
+    def heartbeat(self, held: list[m.LeaseHeld]) -> m.HeartbeatAck:
+        body = m.Heartbeat(leases=held).model_dump()
+        return m.HeartbeatAck.model_validate(
+            self.http.request("POST", "/v1/nodes/heartbeat", json=body).json()
+        )
+
+    def lease(self) -> m.LeaseGrant | None:
+        response = self.http.request("POST", "/v1/nodes/lease")
+        return None if response.status_code == 204 else m.LeaseGrant.model_validate(response.json())
+
+    def report(self, lease_id: str, msg: m.LeaseReport) -> None:
+        self.http.request("POST", f"/v1/nodes/leases/{lease_id}/report", json=msg.model_dump())
+
+    def leave(self) -> None:
+        self.http.request("POST", "/v1/nodes/leave")

@@ -1,0 +1,56 @@
+"""``TaskClient``: the round protocol over HTTP for a task subprocess, with its lease-scoped token.
+
+It has the shape of ``gpuflex.train.transport.Transport``. Calls ride out a coordinator restart
+(retries for ``retry_for_s``) so a brief outage does not kill a round's work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from gpuflex.client.http import HttpSession
+from gpuflex.errors import BadRequest
+from gpuflex.protocol import messages as m
+
+
+class TaskClient:
+    def __init__(self, url: str, task_token: str, *, retry_for_s: float = 60.0, transport=None):
+        self.http = HttpSession(
+            url,
+            headers={"Authorization": f"Bearer {task_token}"},
+            retry_for_s=retry_for_s,
+            timeout_s=120.0,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def get_blob(self, digest: str) -> bytes:
+        data = self.http.request("GET", f"/v1/blobs/{digest}").content
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise BadRequest(f"blob {digest} arrived corrupted")
+        return data
+
+    def put_blob(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        self.http.request("PUT", f"/v1/blobs/{digest}", content=data)
+        return digest
+
+    def latest_round(self) -> m.RoundState | None:
+        response = self.http.request("GET", "/v1/task/round")
+        return None if response.status_code == 204 else m.RoundState.model_validate(response.json())
+
+    def submit_contribution(self, contribution: m.ContributionSubmit) -> bool:
+        response = self.http.request("POST", "/v1/task/contributions", json=contribution.model_dump())
+        return bool(response.json()["accepted"])
+
+    def contributions(self, round: int) -> m.ContributionList:
+        response = self.http.request("GET", "/v1/task/contributions", params={"round": round})
+        return m.ContributionList.model_validate(response.json())
+
+    def publish_round(self, publish: m.RoundPublish) -> None:
+        self.http.request("POST", "/v1/task/rounds", json=publish.model_dump())
+
+    def log(self, message: str) -> None:
+        self.http.request("POST", "/v1/task/log", json=m.TaskLog(message=message[:2000]).model_dump())

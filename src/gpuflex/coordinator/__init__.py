@@ -1,0 +1,10 @@
+"""The coordinator: a stateless HTTP service; every bit of state is in the database.
+
+- ``settings``    typed configuration, read once (``GPUFLEX_`` environment variables)
+- ``db``          SQLAlchemy models and the engine/session factory
+- ``migrate``     Alembic migrations (``gpuflex coordinator migrate``)
+- ``services/``   one module per noun: accounts, registry, market, jobs, leases, rounds, ledger
+- ``routes/``     thin FastAPI routers: parse, call a service, return a protocol model
+- ``auth``        request authentication: API tokens, node signatures, task tokens
+- ``app``         the app factory, error handlers, body-size limits and the background reaper
+"""

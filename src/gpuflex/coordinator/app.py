@@ -1,0 +1,115 @@
+"""The coordinator's app factory: routers, error handling, body limits and the background reaper.
+
+uvicorn --factory gpuflex.coordinator.app:create_app      # or: gpuflex coordinator serve
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager, suppress
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError, OperationalError
+from starlette.concurrency import run_in_threadpool
+
+from gpuflex import __version__
+from gpuflex.coordinator.context import CoordinatorContext
+from gpuflex.coordinator.db import make_engine, make_sessionmaker
+from gpuflex.coordinator.limits import BodySizeLimit
+from gpuflex.coordinator.routes import accounts, blobs, jobs, ledger, market, nodes, tasks
+from gpuflex.coordinator.services import jobs as job_service
+from gpuflex.coordinator.services import leases, registry
+from gpuflex.coordinator.services import market as market_service
+from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.errors import GPUFlexError
+from gpuflex.protocol.messages import API_VERSION
+from gpuflex.storage import LocalBlobStore
+
+log = logging.getLogger("gpuflex.coordinator")
+
+
+def reap_once(ctx: CoordinatorContext) -> None:
+    """One pass of the periodic duties; each in its own transaction so one failure spares the rest."""
+    duties = (
+        lambda s, now: registry.mark_lost(s, ctx.settings, now),
+        lambda s, now: leases.expire(s, now),
+        lambda s, now: job_service.enforce_limits(s, now, fee_bps=ctx.settings.platform_fee_bps),
+        lambda s, now: market_service.place_pending(s, now),
+        lambda s, now: registry.prune_nonces(s, ctx.settings, now),
+    )
+    for duty in duties:
+        try:
+            with ctx.tx() as s:
+                duty(s, ctx.now())
+        except Exception:
+            log.exception("reaper duty failed; it runs again next pass")
+
+
+async def _reaper(ctx: CoordinatorContext) -> None:
+    while True:
+        await run_in_threadpool(reap_once, ctx)
+        await asyncio.sleep(ctx.settings.reaper_interval_s)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GPUFlexError)
+    async def _gpuflex_error(_: Request, exc: GPUFlexError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for e in exc.errors():
+            where = ".".join(str(p) for p in e["loc"] if p != "body") or "body"
+            problems.append(f"{where}: {'unknown field' if e['type'] == 'extra_forbidden' else e['msg']}")
+        return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity_error(_: Request, exc: IntegrityError) -> JSONResponse:
+        return JSONResponse({"detail": "conflicting write; nothing was changed"}, status_code=409)
+
+    @app.exception_handler(OperationalError)
+    async def _busy(_: Request, exc: OperationalError) -> JSONResponse:
+        log.warning("database busy: %s", exc)
+        return JSONResponse({"detail": "database busy; retry"}, status_code=503, headers={"Retry-After": "1"})
+
+
+def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorContext | None = None) -> FastAPI:
+    """Build the app. Migrations are not run here: ``serve`` and the tests run them first."""
+    if ctx is None:
+        settings = settings or CoordinatorSettings()
+        engine = make_engine(settings.sqlalchemy_url)
+        ctx = CoordinatorContext(
+            settings, engine, make_sessionmaker(engine), LocalBlobStore(settings.blob_dir)
+        )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        task = asyncio.create_task(_reaper(ctx))
+        yield
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+        ctx.engine.dispose()
+
+    app = FastAPI(title="GPUFlex coordinator", version=__version__, lifespan=lifespan)
+    app.state.ctx = ctx
+    api = APIRouter(prefix=f"/{API_VERSION}")
+    for module in (accounts, jobs, nodes, tasks, blobs, market, ledger):
+        api.include_router(module.router)
+    app.include_router(api)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    _error_handlers(app)
+    app.add_middleware(
+        BodySizeLimit,
+        default_limit=ctx.settings.max_request_bytes,
+        limits={f"/{API_VERSION}/blobs/": ctx.settings.max_blob_bytes},
+    )
+    return app

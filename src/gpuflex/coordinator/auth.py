@@ -1,0 +1,92 @@
+"""Who is calling: a consumer (API token), a node (Ed25519 signature) or a task (lease-scoped token).
+
+Each is a FastAPI dependency typed with ``Annotated`` so a route's signature says who may call it.
+Authentication runs in its own short transaction (a node's nonce is burnt even if the action fails).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from gpuflex.auth.signing import HEADER_SIGNATURE
+from gpuflex.auth.tokens import API_PREFIX, TASK_PREFIX
+from gpuflex.coordinator.context import CoordinatorContext
+from gpuflex.coordinator.db import Account, Lease, Node
+from gpuflex.coordinator.services import accounts, leases, registry
+from gpuflex.errors import Forbidden, Unauthorized
+
+
+def get_context(request: Request) -> CoordinatorContext:
+    return request.app.state.ctx
+
+
+Ctx = Annotated[CoordinatorContext, Depends(get_context)]
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def current_account(request: Request, ctx: Ctx) -> Account:
+    token = _bearer(request)
+    if not token or not token.startswith(API_PREFIX):
+        raise Unauthorized("this endpoint needs an API token: Authorization: Bearer gfx_...")
+    with ctx.tx() as s:
+        return accounts.authenticate(s, token)
+
+
+def current_task(request: Request, ctx: Ctx) -> Lease:
+    token = _bearer(request)
+    if not token or not token.startswith(TASK_PREFIX):
+        raise Unauthorized("this endpoint needs a task token: Authorization: Bearer gfxtask_...")
+    with ctx.tx() as s:
+        return leases.authenticate_task(s, token, ctx.now())
+
+
+async def signed_request(request: Request) -> tuple[str, str, bytes, object]:
+    """The parts of a request a node signs."""
+    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return request.method, path, await request.body(), request.headers
+
+
+SignedRequest = Annotated[tuple, Depends(signed_request)]
+
+
+async def current_node(signed: SignedRequest, ctx: Ctx) -> Node:
+    def check() -> Node:
+        with ctx.tx() as s:
+            return registry.authenticate(s, signed, ctx.settings, ctx.now())
+
+    return await run_in_threadpool(check)
+
+
+async def blob_reader(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
+    """Blobs are read by nodes and tasks; consumers fetch their results through their jobs."""
+    token = _bearer(request)
+    if token and token.startswith(TASK_PREFIX):
+        return (await run_in_threadpool(current_task, request, ctx)).node_id
+    if HEADER_SIGNATURE in request.headers:
+        return (await current_node(signed, ctx)).id
+    if token:
+        raise Forbidden("consumers fetch results through their jobs (GET /v1/jobs/{id}/checkpoint)")
+    raise Unauthorized("reading blobs needs a node signature or a task token")
+
+
+async def blob_writer(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
+    """Anyone authenticated may add a blob: it is named by its hash and changes nothing else."""
+    token = _bearer(request)
+    if token and token.startswith(API_PREFIX):
+        return (await run_in_threadpool(current_account, request, ctx)).id
+    return await blob_reader(request, ctx, signed)
+
+
+Consumer = Annotated[Account, Depends(current_account)]
+SignedNode = Annotated[Node, Depends(current_node)]
+TaskLease = Annotated[Lease, Depends(current_task)]
+BlobReader = Annotated[str, Depends(blob_reader)]
+BlobWriter = Annotated[str, Depends(blob_writer)]

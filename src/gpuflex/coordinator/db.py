@@ -1,0 +1,202 @@
+"""Database models and the engine/session factory (SQLite by default, PostgreSQL in production).
+
+Times are unix seconds (floats) so comparisons behave the same on both backends. Money is
+integer micro-credits. On SQLite every transaction starts with ``BEGIN IMMEDIATE`` so two
+writers queue on the busy timeout instead of failing on a read-to-write upgrade.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    public_key: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    hardware: Mapped[dict] = mapped_column(JSON)
+    benchmark: Mapped[dict] = mapped_column(JSON)
+    tflops: Mapped[float] = mapped_column(Float)
+    vram_gb: Mapped[float] = mapped_column(Float)
+    price_micro: Mapped[int] = mapped_column(BigInteger)
+    region: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16), index=True)  # online | lost | left
+    registered_at: Mapped[float] = mapped_column(Float)
+    last_heartbeat_at: Mapped[float] = mapped_column(Float)
+    heartbeats: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Nonce(Base):
+    __tablename__ = "nonces"
+    node_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    nonce: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seen_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    spec: Mapped[dict] = mapped_column(JSON)
+    dataset: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    budget_micro: Mapped[int] = mapped_column(BigInteger)
+    round: Mapped[int] = mapped_column(Integer, default=-1)  # newest published round
+    initial_val_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    val_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    checkpoint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    index: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)  # pending | leased | completed | ...
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    node_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)  # placed on
+    placement: Mapped[str] = mapped_column(Text, default="")
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Lease(Base):
+    __tablename__ = "leases"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)  # active | completed | failed | ...
+    granted_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float, index=True)
+    renewed_at: Mapped[float] = mapped_column(Float)  # last heartbeat that renewed it: metered up to here
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    price_micro: Mapped[int] = mapped_column(BigInteger)
+    cost_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Round(Base):
+    __tablename__ = "rounds"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    round: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(64))
+    val_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    contributions: Mapped[int] = mapped_column(Integer, default=0)
+    published_at: Mapped[float] = mapped_column(Float)
+
+
+class Contribution(Base):
+    __tablename__ = "contributions"
+    __table_args__ = (UniqueConstraint("job_id", "round", "task_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    round: Mapped[int] = mapped_column(Integer)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
+    lease_id: Mapped[str] = mapped_column(ForeignKey("leases.id"))
+    node_id: Mapped[str] = mapped_column(String(32))
+    delta: Mapped[str] = mapped_column(String(64))
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    steps: Mapped[int] = mapped_column(Integer)
+    train_loss: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    message: Mapped[str] = mapped_column(Text)
+
+
+class JournalEntry(Base):
+    """The ledger's append-only journal; each entry's hash covers the previous one's."""
+
+    __tablename__ = "journal"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    at: Mapped[str] = mapped_column(String(40))
+    kind: Mapped[str] = mapped_column(String(32))
+    memo: Mapped[str] = mapped_column(Text)
+    postings: Mapped[list] = mapped_column(JSON)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class AccountBalance(Base):
+    """Balances kept beside the journal, in the same transaction, so checks need no replay."""
+
+    __tablename__ = "balances"
+    account: Mapped[str] = mapped_column(String(80), primary_key=True)
+    balance: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+Index("ix_leases_active_task", Lease.task_id, Lease.state)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine whose transactions serialize properly on SQLite and pool well on PostgreSQL."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below be the only one
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin_immediate(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker:
+    return sessionmaker(engine, expire_on_commit=False)

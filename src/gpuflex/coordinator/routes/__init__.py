@@ -1,0 +1,1 @@
+"""Thin routers: parse the request, call one service inside one transaction, return a protocol model."""

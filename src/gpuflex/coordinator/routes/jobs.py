@@ -1,0 +1,61 @@
+"""Jobs, seen only by the account that submitted them."""
+
+from fastapi import APIRouter, Response
+
+from gpuflex.coordinator.auth import Consumer, Ctx
+from gpuflex.coordinator.services import jobs
+from gpuflex.errors import Conflict
+from gpuflex.protocol import messages as m
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=201)
+def submit(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> m.JobInfo:
+    """Submit a job; its budget moves into escrow at once (402 if the wallet can't cover it)."""
+    with ctx.tx() as s:
+        job = jobs.submit(s, account, body, ctx.blobs, ctx.now())
+        return jobs.info(s, job, ctx.now())
+
+
+@router.get("")
+def list_jobs(account: Consumer, ctx: Ctx) -> list[m.JobInfo]:
+    with ctx.tx() as s:
+        return [jobs.info(s, job, ctx.now()) for job in jobs.list_for(s, account)]
+
+
+@router.get("/{job_id}")
+def show(job_id: str, account: Consumer, ctx: Ctx) -> m.JobDetail:
+    with ctx.tx() as s:
+        return jobs.detail(s, jobs.owned(s, account, job_id), ctx.now())
+
+
+@router.post("/{job_id}/cancel")
+def cancel(job_id: str, account: Consumer, ctx: Ctx) -> m.JobInfo:
+    with ctx.tx() as s:
+        job = jobs.cancel(s, account, job_id, ctx.now(), fee_bps=ctx.settings.platform_fee_bps)
+        return jobs.info(s, job, ctx.now())
+
+
+@router.get("/{job_id}/logs")
+def logs(job_id: str, account: Consumer, ctx: Ctx) -> list[m.JobEvent]:
+    with ctx.tx() as s:
+        return jobs.events(s, jobs.owned(s, account, job_id))
+
+
+@router.get(
+    "/{job_id}/checkpoint",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def checkpoint(job_id: str, account: Consumer, ctx: Ctx) -> Response:
+    """The job's final model as safetensors bytes."""
+    with ctx.tx() as s:
+        job = jobs.owned(s, account, job_id)
+    if job.checkpoint is None:
+        raise Conflict(f"job {job_id} has no checkpoint yet ({job.state})")
+    return Response(
+        ctx.blobs.get(job.checkpoint),
+        media_type="application/octet-stream",
+        headers={"X-Content-SHA256": job.checkpoint},
+    )

@@ -1,0 +1,44 @@
+"""The round protocol as a task subprocess sees it, authenticated by its lease's task token."""
+
+from fastapi import APIRouter, Query, Response
+
+from gpuflex.coordinator.auth import Ctx, TaskLease
+from gpuflex.coordinator.db import JobEvent
+from gpuflex.coordinator.services import rounds
+from gpuflex.protocol import messages as m
+
+router = APIRouter(prefix="/task", tags=["tasks"])
+
+
+@router.get("/round", responses={204: {"description": "round 0 is not published yet"}})
+def latest_round(lease: TaskLease, ctx: Ctx) -> m.RoundState | None:
+    with ctx.tx() as s:
+        state = rounds.latest(s, lease)
+    return state if state is not None else Response(status_code=204)
+
+
+@router.post("/contributions")
+def contribute(body: m.ContributionSubmit, lease: TaskLease, ctx: Ctx) -> dict[str, bool]:
+    """``accepted`` is false when the round has closed: the worker should catch up."""
+    with ctx.tx() as s:
+        return {"accepted": rounds.contribute(s, lease, body, ctx.blobs, ctx.now())}
+
+
+@router.get("/contributions")
+def contributions(lease: TaskLease, ctx: Ctx, round: int = Query(ge=0)) -> m.ContributionList:
+    with ctx.tx() as s:
+        return rounds.contributions(s, lease, round)
+
+
+@router.post("/rounds")
+def publish(body: m.RoundPublish, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
+    with ctx.tx() as s:
+        rounds.publish(s, lease, body, ctx.blobs, ctx.now(), fee_bps=ctx.settings.platform_fee_bps)
+    return {"status": "published"}
+
+
+@router.post("/log")
+def log(body: m.TaskLog, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
+    with ctx.tx() as s:
+        s.add(JobEvent(job_id=lease.job_id, at=ctx.now(), message=f"[{lease.node_id}] {body.message}"))
+    return {"status": "logged"}

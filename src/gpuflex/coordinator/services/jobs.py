@@ -1,0 +1,213 @@
+"""Jobs: submission with escrow, the state machine, views for their owner, and settlement.
+
+``pending -> scheduled -> running -> completed | failed | cancelled``. A job ends exactly once:
+the state change, the closing of its leases and the settlement entry (payouts, platform fee,
+refund) are one transaction, so a crash can't pay twice or leave money in escrow.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
+from gpuflex.coordinator.services import leases, ledger
+from gpuflex.coordinator.services.market import OPEN_JOB_STATES
+from gpuflex.errors import BadRequest, Conflict, NotFound
+from gpuflex.ledger import accounts
+from gpuflex.ledger.settlement import settle_job
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.money import to_credits, to_micro
+from gpuflex.protocol.spec import JobSpec
+from gpuflex.storage import BlobStore
+
+MAX_TASK_FAILURES = 3
+
+
+def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStore, now: float) -> Job:
+    if not blobs.exists(msg.dataset):
+        raise BadRequest(f"dataset blob {msg.dataset} is not in the blob store: upload it first")
+    job = Job(
+        id=new_id("j"),
+        account_id=account.id,
+        name=msg.spec.name,
+        spec=msg.spec.model_dump(mode="json"),
+        dataset=msg.dataset,
+        state="pending",
+        reason="",
+        created_at=now,
+        budget_micro=to_micro(msg.spec.budget),
+        round=-1,
+    )
+    session.add(job)
+    session.flush()
+    ledger.append(
+        session,
+        kind="escrow",
+        memo=f"budget of job {job.id} into escrow",
+        postings=[
+            (accounts.consumer(account.id), -job.budget_micro),
+            (accounts.escrow(job.id), job.budget_micro),
+        ],
+        now=now,
+    )
+    session.add(Task(id=new_id("t"), job_id=job.id, role="aggregator", index=0, state="pending"))
+    for i in range(msg.spec.resources.workers):
+        session.add(Task(id=new_id("t"), job_id=job.id, role="worker", index=i, state="pending"))
+    session.add(JobEvent(job_id=job.id, at=now, message=f"submitted by {account.name}; budget in escrow"))
+    return job
+
+
+def owned(session: Session, account: Account, job_id: str) -> Job:
+    """The job, if it is this account's; someone else's job is as unknown as a missing one."""
+    job = session.get(Job, job_id)
+    if job is None or job.account_id != account.id:
+        raise NotFound(f"no job {job_id}")
+    return job
+
+
+def list_for(session: Session, account: Account) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.account_id == account.id).order_by(Job.created_at)))
+
+
+def spent(session: Session, job: Job, now: float) -> int:
+    """What the job costs its owner: metered lease time, never more than the budget in escrow."""
+    return min(job.budget_micro, metered(session, job, now))
+
+
+def metered(session: Session, job: Job, now: float) -> int:
+    return sum(
+        leases.metered_cost(lease, now)
+        for lease in session.scalars(select(Lease).where(Lease.job_id == job.id))
+    )
+
+
+def finish(session: Session, job: Job, state: str, reason: str, now: float, *, fee_bps: int) -> None:
+    """End a job once: close its leases, pay the providers and the fee, refund the rest."""
+    if job.state not in OPEN_JOB_STATES:
+        return
+    job.state, job.reason, job.finished_at = state, reason, now
+    leases.end_for_job(session, job, now, task_state="completed" if state == "completed" else "cancelled")
+    session.flush()
+    latest = session.get(Round, (job.id, job.round)) if job.round >= 0 else None
+    job.checkpoint = latest.model if latest else None
+    costs: dict[str, int] = defaultdict(int)
+    for lease in session.scalars(select(Lease).where(Lease.job_id == job.id)):
+        costs[accounts.provider(lease.node_id)] += lease.cost_micro
+    escrow = accounts.escrow(job.id)
+    postings = settle_job(
+        escrow_balance=ledger.balance(session, escrow),
+        costs=costs,
+        fee_bps=fee_bps,
+        consumer_account=accounts.consumer(job.account_id),
+        escrow_account=escrow,
+    )
+    if postings:
+        ledger.append(session, kind="settlement", memo=f"job {job.id} {state}", postings=postings, now=now)
+    session.add(JobEvent(job_id=job.id, at=now, message=f"{state}{': ' + reason if reason else ''}; settled"))
+
+
+def cancel(session: Session, account: Account, job_id: str, now: float, *, fee_bps: int) -> Job:
+    job = owned(session, account, job_id)
+    if job.state not in OPEN_JOB_STATES:
+        raise Conflict(f"job {job_id} has already ended ({job.state})")
+    finish(session, job, "cancelled", f"cancelled by {account.name}", now, fee_bps=fee_bps)
+    return job
+
+
+def enforce_limits(session: Session, now: float, *, fee_bps: int) -> None:
+    """Stop running jobs that spent their budget or whose task failed too often."""
+    for job in session.scalars(select(Job).where(Job.state.in_(OPEN_JOB_STATES))):
+        failures = session.scalar(select(func.max(Task.failures)).where(Task.job_id == job.id)) or 0
+        if failures >= MAX_TASK_FAILURES:
+            finish(session, job, "failed", f"a task failed {failures} times", now, fee_bps=fee_bps)
+        elif metered(session, job, now) >= job.budget_micro:
+            state = "completed" if job.round > 0 else "failed"
+            finish(session, job, state, "budget spent", now, fee_bps=fee_bps)
+
+
+def info(session: Session, job: Job, now: float) -> m.JobInfo:
+    spec = JobSpec.model_validate(job.spec)
+    live = session.scalar(
+        select(func.count(Lease.id))
+        .join(Task, Task.id == Lease.task_id)
+        .where(Lease.job_id == job.id, Lease.state == "active", Task.role == "worker")
+    )
+    return m.JobInfo(
+        id=job.id,
+        name=job.name,
+        state=job.state,
+        created_at=job.created_at,
+        round=max(job.round, 0),
+        rounds=spec.training.rounds,
+        budget=to_credits(job.budget_micro),
+        spent=to_credits(spent(session, job, now)),
+        live_workers=live or 0,
+        initial_val_loss=job.initial_val_loss,
+        val_loss=job.val_loss,
+        train_loss=job.train_loss,
+        checkpoint=job.checkpoint,
+        reason=job.reason,
+    )
+
+
+def detail(session: Session, job: Job, now: float) -> m.JobDetail:
+    tasks = session.scalars(select(Task).where(Task.job_id == job.id).order_by(Task.role, Task.index))
+    rounds = session.scalars(select(Round).where(Round.job_id == job.id).order_by(Round.round))
+    return m.JobDetail(
+        **info(session, job, now).model_dump(),
+        spec=JobSpec.model_validate(job.spec),
+        tasks=[
+            m.TaskInfo(
+                id=t.id,
+                role=t.role,
+                index=t.index,
+                state=t.state,
+                node_id=t.node_id,
+                epoch=t.epoch,
+                placement=t.placement,
+            )
+            for t in tasks
+        ],
+        rounds_log=[
+            m.RoundInfo(
+                round=r.round,
+                model=r.model,
+                val_loss=r.val_loss,
+                train_loss=r.train_loss,
+                contributions=r.contributions,
+                published_at=r.published_at,
+            )
+            for r in rounds
+        ],
+        costs=_costs(session, job, now),
+    )
+
+
+def _costs(session: Session, job: Job, now: float) -> list[m.NodeCost]:
+    seconds: dict[str, float] = defaultdict(float)
+    cost: dict[str, int] = defaultdict(int)
+    for lease in session.scalars(select(Lease).where(Lease.job_id == job.id)):
+        end = lease.ended_at if lease.ended_at is not None else min(now, lease.expires_at)
+        seconds[lease.node_id] += max(0.0, end - lease.granted_at)
+        cost[lease.node_id] += leases.metered_cost(lease, now)
+    out = []
+    for node_id in sorted(cost):
+        node = session.get(Node, node_id)
+        out.append(
+            m.NodeCost(
+                node_id=node_id,
+                name=node.name,
+                kind=node.kind,
+                seconds=round(seconds[node_id], 3),
+                cost=to_credits(cost[node_id]),
+            )
+        )
+    return out
+
+
+def events(session: Session, job: Job) -> list[m.JobEvent]:
+    rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))
+    return [m.JobEvent(at=e.at, message=e.message) for e in rows]

@@ -1,0 +1,181 @@
+"""Leases: a task runs on one node at a time, under an epoch that fences out stale holders.
+
+Granting is a compare-and-set on the task row (``pending`` -> ``leased``, epoch + 1), so two
+coordinator replicas can never hand the same task out twice. Heartbeats renew a lease; one not
+renewed before it expires is ended and its task goes back to the market. A report or a task
+request carrying an older epoch changes nothing and is refused.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from gpuflex.auth.tokens import new_task_token, token_hash
+from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, new_id
+from gpuflex.coordinator.services import market
+from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.errors import Conflict, Forbidden, NotFound, Unauthorized
+from gpuflex.ledger.metering import lease_cost_micro
+from gpuflex.protocol.messages import LeaseGrant, LeaseHeld, LeaseReport, TaskConfig
+from gpuflex.protocol.spec import JobSpec
+
+
+def metered_cost(lease: Lease, now: float) -> int:
+    """What a lease has cost so far: per second, up to its end or its last renewal."""
+    until = lease.ended_at if lease.ended_at is not None else min(now, lease.expires_at)
+    return lease_cost_micro(max(0.0, until - lease.granted_at), lease.price_micro)
+
+
+def _event(session: Session, job_id: str, now: float, message: str) -> None:
+    session.add(JobEvent(job_id=job_id, at=now, message=message))
+
+
+def grant(session: Session, node: Node, settings: CoordinatorSettings, now: float) -> LeaseGrant | None:
+    """Lease the next task placed on this node, if any."""
+    if session.scalars(select(Lease.id).where(Lease.node_id == node.id, Lease.state == "active")).first():
+        return None
+    market.place_pending(session, now)
+    task = session.scalars(
+        select(Task).where(Task.node_id == node.id, Task.state == "pending").order_by(Task.role)
+    ).first()
+    if task is None:
+        return None
+    claimed = session.execute(
+        update(Task)
+        .where(Task.id == task.id, Task.state == "pending", Task.epoch == task.epoch)
+        .values(state="leased", epoch=Task.epoch + 1)
+    )
+    if claimed.rowcount != 1:
+        return None  # another replica took it first
+    session.refresh(task)
+    job = session.get(Job, task.job_id)
+    token = new_task_token()
+    lease = Lease(
+        id=new_id("l"),
+        task_id=task.id,
+        job_id=job.id,
+        node_id=node.id,
+        epoch=task.epoch,
+        token_hash=token_hash(token),
+        state="active",
+        granted_at=now,
+        renewed_at=now,
+        expires_at=now + settings.lease_ttl_s,
+        price_micro=node.price_micro,
+    )
+    session.add(lease)
+    if job.state in ("pending", "scheduled"):
+        job.state = "running"
+    _event(
+        session,
+        job.id,
+        now,
+        f"{task.role} {task.index} leased to {node.name} ({node.id}), epoch {lease.epoch}",
+    )
+    spec = JobSpec.model_validate(job.spec)
+    config = TaskConfig(
+        job_id=job.id,
+        task_id=task.id,
+        role=task.role,
+        worker_index=task.index,
+        num_workers=spec.resources.workers,
+        training=spec.training,
+        dataset=job.dataset,
+    )
+    return LeaseGrant(
+        lease_id=lease.id,
+        task_id=task.id,
+        job_id=job.id,
+        role=task.role,
+        epoch=lease.epoch,
+        expires_at=lease.expires_at,
+        task_token=token,
+        task=config,
+    )
+
+
+def renew(
+    session: Session, node: Node, held: list[LeaseHeld], settings: CoordinatorSettings, now: float
+) -> list[str]:
+    """Extend the node's live leases; return the ones it must stop (ended, stale or not its own)."""
+    revoked = []
+    for h in held:
+        lease = session.get(Lease, h.lease_id)
+        if lease is None or lease.node_id != node.id or lease.epoch != h.epoch or lease.state != "active":
+            revoked.append(h.lease_id)
+            continue
+        lease.renewed_at = now
+        lease.expires_at = now + settings.lease_ttl_s
+    return revoked
+
+
+def _end(lease: Lease, state: str, at: float) -> None:
+    lease.state = state
+    lease.ended_at = at
+    lease.cost_micro = lease_cost_micro(max(0.0, at - lease.granted_at), lease.price_micro)
+
+
+def _return_task(session: Session, lease: Lease, now: float, why: str, *, failed: bool = False) -> None:
+    task = session.get(Task, lease.task_id)
+    if task.state == "leased" and task.epoch == lease.epoch:
+        task.state, task.node_id, task.placement = "pending", None, ""
+        task.failures += int(failed)
+    _event(session, lease.job_id, now, f"{task.role} {task.index} on {lease.node_id} {why}; re-leasing")
+
+
+def expire(session: Session, now: float) -> list[Lease]:
+    """End leases past their expiry; metered up to their last renewal. Their tasks go back."""
+    expired = list(session.scalars(select(Lease).where(Lease.state == "active", Lease.expires_at < now)))
+    for lease in expired:
+        _end(lease, "expired", lease.renewed_at)
+        _return_task(session, lease, now, f"missed its lease (epoch {lease.epoch})")
+    return expired
+
+
+def end_for_job(session: Session, job: Job, now: float, task_state: str) -> None:
+    """Close a finished job's live leases and tasks (the holders learn it on their next heartbeat)."""
+    for lease in session.scalars(select(Lease).where(Lease.job_id == job.id, Lease.state == "active")):
+        _end(lease, "completed", now)
+    session.execute(
+        update(Task)
+        .where(Task.job_id == job.id, Task.state.in_(("pending", "leased")))
+        .values(state=task_state)
+    )
+
+
+def report(session: Session, node: Node, lease_id: str, msg: LeaseReport, now: float) -> None:
+    """A node says how its lease ended. Stale epochs and other nodes' leases change nothing."""
+    lease = session.get(Lease, lease_id)
+    if lease is None:
+        raise NotFound(f"no lease {lease_id}")
+    if lease.node_id != node.id:
+        raise Forbidden("this lease belongs to another node")
+    if msg.epoch != lease.epoch:
+        raise Conflict(f"stale epoch {msg.epoch}: lease {lease_id} has epoch {lease.epoch}")
+    if lease.state != "active":
+        if lease.state == "completed" and msg.outcome == "completed":
+            return  # the job finished first and closed the lease; the node's word agrees
+        raise Conflict(f"lease {lease_id} has already ended ({lease.state}); the report changes nothing")
+    if msg.outcome == "completed":
+        # A task subprocess only ends by itself once its job is over; until then it is handed back.
+        _end(lease, "released", now)
+        _return_task(session, lease, now, "stopped before the job ended")
+    else:
+        _end(lease, msg.outcome, now)
+        detail = f": {msg.detail[-300:]}" if msg.detail else ""
+        _return_task(session, lease, now, f"{msg.outcome}{detail}", failed=msg.outcome == "failed")
+
+
+def authenticate_task(session: Session, token: str, now: float) -> Lease:
+    """The lease behind a task token, if it is still live."""
+    lease = session.scalars(select(Lease).where(Lease.token_hash == token_hash(token))).first()
+    if lease is None:
+        raise Unauthorized("unknown task token")
+    if lease.state != "active" and not (lease.state == "completed" and _job_done(session, lease)):
+        raise Conflict(f"lease {lease.id} has ended ({lease.state}); this task must stop")
+    return lease
+
+
+def _job_done(session: Session, lease: Lease) -> bool:
+    return session.get(Job, lease.job_id).state not in market.OPEN_JOB_STATES

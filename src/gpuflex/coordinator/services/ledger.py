@@ -1,0 +1,85 @@
+"""The ledger's storage: appends journal entries and keeps balances, in the caller's transaction.
+
+The arithmetic and the hash chain are the pure ``gpuflex.ledger`` package; this module only
+serializes appends (a PostgreSQL advisory lock; SQLite's ``BEGIN IMMEDIATE`` already does) and
+refuses any posting that would leave a balance negative, so a failed check writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from gpuflex.coordinator.db import AccountBalance, JournalEntry
+from gpuflex.errors import InsufficientFunds
+from gpuflex.ledger import accounts
+from gpuflex.ledger.journal import Entry, make_entry
+
+_JOURNAL_LOCK_KEY = 0x6770_7566  # "gpuf": one advisory lock serializes journal appends on PostgreSQL
+
+
+def _to_entry(row: JournalEntry) -> Entry:
+    return Entry(
+        seq=row.seq,
+        at=row.at,
+        kind=row.kind,
+        memo=row.memo,
+        postings=tuple((a, int(n)) for a, n in row.postings),
+        prev_hash=row.prev_hash,
+        hash=row.hash,
+    )
+
+
+def _lock_journal(session: Session) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _JOURNAL_LOCK_KEY})
+
+
+def balance(session: Session, account: str) -> int:
+    row = session.get(AccountBalance, account)
+    return row.balance if row else 0
+
+
+def append(
+    session: Session, *, kind: str, memo: str, postings: Sequence[tuple[str, int]], now: float
+) -> Entry:
+    """Append one balanced entry and apply it to the balances, or raise and write nothing."""
+    _lock_journal(session)
+    head = session.scalars(select(JournalEntry).order_by(JournalEntry.seq.desc()).limit(1)).first()
+    at = datetime.fromtimestamp(now, UTC).isoformat(timespec="microseconds")
+    entry = make_entry(
+        _to_entry(head) if head else None, at=at, kind=kind, memo=memo, postings=tuple(postings)
+    )
+    for account, amount in entry.postings:
+        row = session.get(AccountBalance, account, with_for_update=True)
+        if row is None:
+            row = AccountBalance(account=account, balance=0)
+            session.add(row)
+        if row.balance + amount < 0 and not accounts.may_go_negative(account):
+            raise InsufficientFunds(
+                f"{account} holds {row.balance / 1e6:.6f} credits, {-amount / 1e6:.6f} needed"
+            )
+        row.balance += amount
+    session.add(
+        JournalEntry(
+            seq=entry.seq,
+            at=entry.at,
+            kind=entry.kind,
+            memo=entry.memo,
+            postings=[list(p) for p in entry.postings],
+            prev_hash=entry.prev_hash,
+            hash=entry.hash,
+        )
+    )
+    session.flush()
+    return entry
+
+
+def entries(session: Session, *, after_seq: int = 0, limit: int | None = None) -> list[Entry]:
+    query = select(JournalEntry).where(JournalEntry.seq > after_seq).order_by(JournalEntry.seq)
+    if limit is not None:
+        query = query.limit(limit)
+    return [_to_entry(row) for row in session.scalars(query)]

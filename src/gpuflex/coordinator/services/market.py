@@ -1,0 +1,94 @@
+"""Placement: which online node runs each pending task of a job, and why.
+
+The ranking itself is the pure ``gpuflex.market.matching`` (shared with the simulator); this
+module turns database rows into offers and records each choice with its reason. A node runs one
+task at a time: a node holding a live lease, or chosen for a pending task, is busy.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task
+from gpuflex.market.matching import NodeOffer, Requirements, place_aggregator, place_workers
+from gpuflex.protocol.money import to_credits
+from gpuflex.protocol.spec import JobSpec
+
+OPEN_JOB_STATES = ("pending", "scheduled", "running")
+
+
+def offer_of(node: Node) -> NodeOffer:
+    gpus = tuple(g["name"] for g in node.hardware.get("gpus", []))
+    return NodeOffer(
+        node_id=node.id,
+        name=node.name,
+        kind=node.kind,
+        price_per_hour=to_credits(node.price_micro),
+        tflops=node.tflops,
+        vram_gb=node.vram_gb,
+        gpus=gpus,
+        region=node.region,
+    )
+
+
+def busy_nodes(session: Session) -> set[str]:
+    leased = session.scalars(select(Lease.node_id).where(Lease.state == "active"))
+    placed = session.scalars(select(Task.node_id).where(Task.state == "pending", Task.node_id.is_not(None)))
+    return {n for n in (*leased, *placed) if n}
+
+
+def place_pending(session: Session, now: float) -> int:
+    """Place every unplaced pending task on a free, qualifying node; returns how many were placed."""
+    unplaced = list(
+        session.scalars(
+            select(Task)
+            .join(Job, Job.id == Task.job_id)
+            .where(Task.state == "pending", Task.node_id.is_(None), Job.state.in_(OPEN_JOB_STATES))
+            .order_by(Job.created_at, Task.role, Task.index)
+        )
+    )
+    if not unplaced:
+        return 0
+    offers = [offer_of(n) for n in session.scalars(select(Node).where(Node.state == "online"))]
+    busy = busy_nodes(session)
+    placed = 0
+    for job_id in dict.fromkeys(t.job_id for t in unplaced):
+        job = session.get(Job, job_id)
+        req = Requirements.from_spec(JobSpec.model_validate(job.spec))
+        tasks = [t for t in unplaced if t.job_id == job_id]
+        placed += _place_job_tasks(session, job, req, tasks, offers, busy, now)
+    return placed
+
+
+def _place_job_tasks(session, job, req, tasks, offers, busy, now) -> int:
+    choices = []
+    for task in (t for t in tasks if t.role == "aggregator"):
+        choice = place_aggregator(req, offers, exclude=busy)
+        if choice:
+            choices.append((task, choice))
+            busy.add(choice.node_id)
+    workers = [t for t in tasks if t.role == "worker"]
+    if workers:
+        picks = place_workers(req, offers, count=len(workers), exclude=busy)
+        choices.extend(zip(workers, picks, strict=False))
+        busy.update(c.node_id for c in picks)
+    for task, choice in choices:
+        task.node_id, task.placement = choice.node_id, choice.reason
+        session.add(
+            JobEvent(
+                job_id=job.id,
+                at=now,
+                message=f"{task.role} {task.index} placed on {choice.node_id}: {choice.reason}",
+            )
+        )
+    if job.state == "pending" and choices and _all_placed(session, job):
+        job.state = "scheduled"
+    return len(choices)
+
+
+def _all_placed(session: Session, job: Job) -> bool:
+    unplaced = session.scalars(
+        select(Task.id).where(Task.job_id == job.id, Task.state == "pending", Task.node_id.is_(None))
+    ).first()
+    return unplaced is None

@@ -1,0 +1,47 @@
+"""The ledger's pure core: accounts, the hash-chained journal, metering and settlement arithmetic.
+
+Money is integer micro-credits (``gpuflex.protocol.money``); nothing here does I/O or reads a
+clock, so the coordinator (which stores entries) and the simulator call the very same functions.
+
+- ``accounts``    account names (``consumer:<id>``, ``escrow:<job>``, ``world`` ...) and who may go negative
+- ``journal``     entries, their hash chain, validation, balances, verification, JSON export/import
+- ``metering``    lease seconds x price -> micro-credits, rounded down
+- ``settlement``  one entry's postings that empty a job's escrow into providers, fees and refund
+"""
+
+from gpuflex.ledger.accounts import PLATFORM_FEES, WORLD, consumer, escrow, may_go_negative, provider
+from gpuflex.ledger.journal import (
+    GENESIS_HASH,
+    ChainReport,
+    Entry,
+    balances,
+    check_funds,
+    entry_from_dict,
+    entry_hash,
+    entry_to_dict,
+    make_entry,
+    verify_chain,
+)
+from gpuflex.ledger.metering import lease_cost_micro
+from gpuflex.ledger.settlement import settle_job
+
+__all__ = [
+    "GENESIS_HASH",
+    "PLATFORM_FEES",
+    "WORLD",
+    "ChainReport",
+    "Entry",
+    "balances",
+    "check_funds",
+    "consumer",
+    "entry_from_dict",
+    "entry_hash",
+    "entry_to_dict",
+    "escrow",
+    "lease_cost_micro",
+    "make_entry",
+    "may_go_negative",
+    "provider",
+    "settle_job",
+    "verify_chain",
+]

@@ -1,0 +1,211 @@
+"""The journal: an append-only list of balanced entries, each hashing its predecessor.
+
+An entry moves money between accounts with *postings* ``(account, micro_credits)`` that sum to
+zero, so money is conserved by construction. Each entry's hash covers its content and the
+previous entry's hash; changing, dropping or reordering any entry breaks every later link, and
+``verify_chain`` names the first entry that is wrong. A truncated tail cannot be seen from the
+entries alone: compare the report's ``head`` with a head you trust (pass ``expected_head``).
+
+The hash is sha256 of canonical JSON (sorted keys, no spaces, ASCII escapes, postings as
+``[[account, amount], ...]`` in entry order), so any language can recompute it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from gpuflex.errors import BadRequest, InsufficientFunds
+from gpuflex.ledger.accounts import may_go_negative
+
+GENESIS_HASH = "0" * 64
+
+Postings = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    at: str  # ISO-8601, UTC; passed in by the caller, never read from a clock here
+    kind: str  # e.g. "deposit", "escrow", "settlement", "withdrawal"
+    memo: str
+    postings: Postings
+    prev_hash: str
+    hash: str
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    """``entries`` counts the entries that verified; ``head`` is the hash of the last of them."""
+
+    ok: bool
+    entries: int
+    head: str
+    problem: str | None = None
+
+
+def entry_hash(
+    seq: int, at: str, kind: str, memo: str, postings: Iterable[tuple[str, int]], prev_hash: str
+) -> str:
+    body = {
+        "seq": seq,
+        "at": at,
+        "kind": kind,
+        "memo": memo,
+        "postings": [[account, amount] for account, amount in postings],
+        "prev_hash": prev_hash,
+    }
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _content_problem(at: object, kind: object, postings: Postings) -> str | None:
+    """What makes an entry's content invalid, or None. Shared by make_entry and verify_chain."""
+    if not isinstance(at, str) or not _is_utc_iso(at):
+        return f"time {at!r} is not an ISO-8601 UTC timestamp"
+    if not isinstance(kind, str) or not kind:
+        return "kind must be a non-empty string"
+    if len(postings) < 2:
+        return f"needs at least two postings, got {len(postings)}"
+    for account, amount in postings:
+        if not isinstance(account, str) or not account:
+            return f"posting account {account!r} must be a non-empty string"
+        if type(amount) is not int or amount == 0:
+            return f"posting to {account} must be a nonzero integer of micro-credits, got {amount!r}"
+    total = sum(amount for _, amount in postings)
+    if total != 0:
+        return f"postings not balanced: they sum to {total}, not 0"
+    return None
+
+
+def _is_utc_iso(at: str) -> bool:
+    try:
+        parsed = datetime.fromisoformat(at)
+    except ValueError:
+        return False
+    return parsed.utcoffset() == timedelta(0)
+
+
+def make_entry(
+    prev: Entry | None, *, at: str, kind: str, memo: str, postings: Iterable[tuple[str, int]]
+) -> Entry:
+    """The entry that follows ``prev`` (None: the first entry). Raises BadRequest on invalid content.
+
+    It does not know balances: call ``check_funds`` first to refuse an overdraft.
+    """
+    posts: Postings = tuple((account, amount) for account, amount in postings)
+    problem = _content_problem(at, kind, posts)
+    if problem:
+        raise BadRequest(f"ledger entry refused: {problem}")
+    if not isinstance(memo, str):
+        raise BadRequest("ledger entry refused: memo must be a string")
+    seq = prev.seq + 1 if prev else 1
+    prev_hash = prev.hash if prev else GENESIS_HASH
+    return Entry(seq, at, kind, memo, posts, prev_hash, entry_hash(seq, at, kind, memo, posts, prev_hash))
+
+
+def check_funds(balances: Mapping[str, int], postings: Iterable[tuple[str, int]]) -> None:
+    """Raise InsufficientFunds if these postings would take any account but WORLD below zero."""
+    after: dict[str, int] = {}
+    for account, amount in postings:
+        after[account] = after.get(account, balances.get(account, 0)) + amount
+    for account in sorted(after):
+        if after[account] < 0 and not may_go_negative(account):
+            have = balances.get(account, 0)
+            raise InsufficientFunds(f"{account} has {have} micro-credits, needs {have - after[account]}")
+
+
+def verify_chain(entries: Iterable[Entry], *, expected_head: str | None = None) -> ChainReport:
+    """Check order, links, hashes, balance and that no non-WORLD balance ever goes negative.
+
+    Stops at the first problem, which names the entry's seq and what is wrong.
+    """
+    running: dict[str, int] = {}
+    head, count = GENESIS_HASH, 0
+    for e in entries:
+        problem = _entry_problem(e, count + 1, head, running)
+        if problem:
+            return ChainReport(ok=False, entries=count, head=head, problem=problem)
+        head, count = e.hash, count + 1
+    if expected_head is not None and head != expected_head:
+        problem = f"head after seq {count} is {head}, expected {expected_head} (entries missing or added)"
+        return ChainReport(ok=False, entries=count, head=head, problem=problem)
+    return ChainReport(ok=True, entries=count, head=head)
+
+
+def _entry_problem(e: Entry, want_seq: int, prev_hash: str, running: dict[str, int]) -> str | None:
+    """Check one entry against its predecessor; on success, apply it to ``running`` balances."""
+    if e.seq != want_seq:
+        return f"seq {e.seq}: bad seq order, expected seq {want_seq}"
+    if e.prev_hash != prev_hash:
+        return f"seq {e.seq}: prev_hash mismatch, it does not link to the entry before it"
+    postings = tuple(e.postings)
+    if e.hash != entry_hash(e.seq, e.at, e.kind, e.memo, postings, e.prev_hash):
+        return f"seq {e.seq}: hash mismatch, the entry's content was changed"
+    problem = _content_problem(e.at, e.kind, postings)
+    if problem:
+        return f"seq {e.seq}: {problem}"
+    for account, amount in postings:
+        running[account] = running.get(account, 0) + amount
+    for account, _ in postings:
+        if running[account] < 0 and not may_go_negative(account):
+            return f"seq {e.seq}: account {account} balance goes negative ({running[account]})"
+    return None
+
+
+def balances(entries: Iterable[Entry]) -> dict[str, int]:
+    """Every account any entry touched, with its balance (zero balances included). Does not verify."""
+    out: dict[str, int] = {}
+    for e in entries:
+        for account, amount in e.postings:
+            out[account] = out.get(account, 0) + amount
+    return out
+
+
+_FIELDS = ("seq", "at", "kind", "memo", "postings", "prev_hash", "hash")
+
+
+def entry_to_dict(e: Entry) -> dict[str, Any]:
+    """JSON-ready form; amounts stay integers."""
+    return {
+        "seq": e.seq,
+        "at": e.at,
+        "kind": e.kind,
+        "memo": e.memo,
+        "postings": [[account, amount] for account, amount in e.postings],
+        "prev_hash": e.prev_hash,
+        "hash": e.hash,
+    }
+
+
+def entry_from_dict(d: Mapping[str, Any]) -> Entry:
+    """Parse an exported entry, checking shape and types only; ``verify_chain`` checks the content."""
+    if not isinstance(d, Mapping):
+        raise BadRequest("ledger entry must be a mapping")
+    missing, unknown = set(_FIELDS) - set(d), set(d) - set(_FIELDS)
+    if missing or unknown:
+        raise BadRequest(f"ledger entry: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
+    if type(d["seq"]) is not int:
+        raise BadRequest(f"ledger entry: seq must be an integer, got {d['seq']!r}")
+    for name in ("at", "kind", "memo", "prev_hash", "hash"):
+        if not isinstance(d[name], str):
+            raise BadRequest(f"ledger entry {d['seq']}: {name} must be a string")
+    postings = d["postings"]
+    if not isinstance(postings, list) or not all(
+        isinstance(p, list | tuple) and len(p) == 2 and isinstance(p[0], str) and type(p[1]) is int
+        for p in postings
+    ):
+        raise BadRequest(f"ledger entry {d['seq']}: postings must be a list of [account, integer amount]")
+    return Entry(
+        seq=d["seq"],
+        at=d["at"],
+        kind=d["kind"],
+        memo=d["memo"],
+        postings=tuple((account, amount) for account, amount in postings),
+        prev_hash=d["prev_hash"],
+        hash=d["hash"],
+    )

@@ -1,0 +1,197 @@
+"""Matching: which offers qualify for a job, and which of them get its workers and its aggregator.
+
+Workers are ranked by expected cost per useful TFLOP, ``price / (tflops x reliability)``: a
+cheap slow or flaky node is not a bargain. Community nodes are placed first; core nodes fill
+in only when too few community nodes qualify, because core capacity is scarce and also hosts
+aggregators, referees and audits. The aggregator runs only on a core node (it holds the
+global model, so it must be trusted); it needs little compute, so only the price cap and the
+region apply to it, and the cheapest wins. Every choice carries a reason a person can read.
+
+Pure functions over frozen values: the coordinator and the simulator call the same code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.spec import JobSpec
+
+NodeKind = Literal["core", "community"]
+
+
+@dataclass(frozen=True)
+class NodeOffer:
+    node_id: str
+    name: str
+    kind: NodeKind
+    price_per_hour: float  # credits per hour
+    tflops: float  # benchmarked
+    vram_gb: float
+    gpus: tuple[str, ...]  # empty: CPU only
+    region: str
+    reliability: float = 1.0  # 0..1, from reputation
+
+
+@dataclass(frozen=True)
+class Requirements:
+    workers: int
+    min_vram_gb: float
+    min_tflops: float
+    accelerators: tuple[str, ...]  # any-of, case-insensitive substrings of GPU names; empty: any
+    region: str | None
+    max_price_per_hour: float
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> Requirements:
+        r = spec.resources
+        return cls(
+            workers=r.workers,
+            min_vram_gb=r.min_vram_gb,
+            min_tflops=r.min_tflops,
+            accelerators=tuple(a.strip() for a in r.accelerators if a.strip()),
+            region=r.region,
+            max_price_per_hour=spec.max_price_per_hour,
+        )
+
+
+@dataclass(frozen=True)
+class Choice:
+    node_id: str
+    reason: str
+
+
+def _num(x: float, decimals: int) -> str:
+    """At least ``decimals`` decimals, more when needed so that unequal numbers never print equal."""
+    for d in range(decimals, 7):
+        text = f"{x:.{d}f}"
+        if float(text) == x:
+            return text
+    return f"{x:.6f}"
+
+
+def _price(offer: NodeOffer, req: Requirements) -> str | None:
+    if not offer.price_per_hour <= req.max_price_per_hour:  # written so that NaN fails too
+        return f"price {_num(offer.price_per_hour, 2)}/h > max {_num(req.max_price_per_hour, 2)}/h"
+    return None
+
+
+def _vram(offer: NodeOffer, req: Requirements) -> str | None:
+    if not offer.vram_gb >= req.min_vram_gb:
+        return f"vram {_num(offer.vram_gb, 0)} GB < {_num(req.min_vram_gb, 0)} GB"
+    return None
+
+
+def _tflops(offer: NodeOffer, req: Requirements) -> str | None:
+    if not offer.tflops >= req.min_tflops:
+        return f"tflops {_num(offer.tflops, 1)} < {_num(req.min_tflops, 1)}"
+    return None
+
+
+def _accelerator(offer: NodeOffer, req: Requirements) -> str | None:
+    if not req.accelerators:
+        return None
+    wanted = [a.casefold() for a in req.accelerators]
+    if any(w in gpu.casefold() for w in wanted for gpu in offer.gpus):
+        return None
+    return f"no GPU among [{', '.join(req.accelerators)}]"
+
+
+def _region(offer: NodeOffer, req: Requirements) -> str | None:
+    if req.region is not None and offer.region.casefold() != req.region.casefold():
+        return f"region {offer.region} != {req.region}"
+    return None
+
+
+Check = Callable[[NodeOffer, Requirements], str | None]
+_WORKER_CHECKS: tuple[Check, ...] = (_price, _vram, _tflops, _accelerator, _region)
+_AGGREGATOR_CHECKS: tuple[Check, ...] = (_price, _region)
+
+
+def unmet(offer: NodeOffer, req: Requirements) -> list[str]:
+    """Why ``offer`` cannot host a worker of this job; empty when it qualifies."""
+    return [reason for check in _WORKER_CHECKS if (reason := check(offer, req))]
+
+
+def cost_per_useful_tflop(offer: NodeOffer) -> float:
+    """Credits per hour per useful TFLOPS; infinite when the node does no useful work."""
+    useful = offer.tflops * offer.reliability
+    return offer.price_per_hour / useful if useful > 0 else math.inf
+
+
+def _worker_key(offer: NodeOffer) -> tuple[float, float, str]:
+    return (cost_per_useful_tflop(offer), offer.price_per_hour, offer.node_id)
+
+
+def _aggregator_key(offer: NodeOffer) -> tuple[float, str]:
+    return (offer.price_per_hour, offer.node_id)
+
+
+def _eligible(
+    offers: Iterable[NodeOffer],
+    exclude: set[str],
+    ok: Callable[[NodeOffer], bool],
+    key: Callable[[NodeOffer], tuple],
+) -> list[NodeOffer]:
+    """Qualifying offers sorted by ``key``, one per node (its best offer by ``key``)."""
+    best: dict[str, NodeOffer] = {}
+    for o in offers:
+        if o.node_id in exclude or not ok(o):
+            continue
+        if o.node_id not in best or key(o) < key(best[o.node_id]):
+            best[o.node_id] = o
+    return sorted(best.values(), key=key)
+
+
+def place_workers(
+    req: Requirements, offers: Iterable[NodeOffer], *, count: int, exclude: set[str]
+) -> list[Choice]:
+    """Up to ``count`` distinct nodes: eligible community nodes by rank, then core nodes by rank."""
+    if count < 0:
+        raise BadRequest(f"worker count must be >= 0, got {count}")
+    eligible = _eligible(offers, exclude, lambda o: not unmet(o, req), _worker_key)
+    community = [o for o in eligible if o.kind == "community"]
+    core = [o for o in eligible if o.kind == "core"]
+    choices = [
+        Choice(o.node_id, _worker_reason(o, i, len(community), "community")) for i, o in enumerate(community)
+    ]
+    fallback = f"; core node because only {_nodes(len(community), 'eligible community')}"
+    choices += [
+        Choice(o.node_id, _worker_reason(o, i, len(core), "core") + fallback) for i, o in enumerate(core)
+    ]
+    return choices[:count]
+
+
+def _worker_reason(offer: NodeOffer, index: int, of: int, kind: str) -> str:
+    useful = offer.tflops * offer.reliability
+    return (
+        f"rank {index + 1} of {_nodes(of, f'eligible {kind}')} by cost per useful TFLOP "
+        f"({offer.price_per_hour:.3f} credits/h ÷ {useful:.3g} TFLOPS = {cost_per_useful_tflop(offer):.3g})"
+    )
+
+
+def _nodes(n: int, what: str) -> str:
+    return f"{n} {what} node{'' if n == 1 else 's'}"
+
+
+def place_aggregator(req: Requirements, offers: Iterable[NodeOffer], *, exclude: set[str]) -> Choice | None:
+    """The cheapest eligible core node (ties: node_id), or None when no core node qualifies.
+
+    Only the price cap and the region apply: aggregation needs little compute.
+    """
+
+    def ok(o: NodeOffer) -> bool:
+        return o.kind == "core" and not any(check(o, req) for check in _AGGREGATOR_CHECKS)
+
+    eligible = _eligible(offers, exclude, ok, _aggregator_key)
+    if not eligible:
+        return None
+    best = eligible[0]
+    return Choice(
+        best.node_id,
+        f"cheapest of {_nodes(len(eligible), 'eligible core')} at {best.price_per_hour:.3f} credits/h "
+        "(aggregator runs only on core nodes)",
+    )

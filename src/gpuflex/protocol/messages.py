@@ -1,0 +1,282 @@
+"""Every request and response body of the HTTP API (``/v1``).
+
+Amounts shown to people are credits (floats, USD-pegged); the ledger's own export uses
+integer micro-credits so an auditor can re-add them exactly. New fields get defaults.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuflex.protocol.spec import JobSpec, TrainingSpec
+
+API_VERSION = "v1"
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256 of a blob")]
+NodeKind = Literal["core", "community"]
+JobState = Literal["pending", "scheduled", "running", "completed", "failed", "cancelled"]
+TaskRole = Literal["aggregator", "worker"]
+TaskState = Literal["pending", "leased", "completed", "failed", "cancelled"]
+LeaseOutcome = Literal["completed", "failed", "released"]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- accounts and wallet ------------------------------------------------------------------
+
+
+class AccountCreate(Message):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")]
+
+
+class AccountCreated(Message):
+    account_id: str
+    name: str
+    token: str = Field(description="the API token; shown once, store it")
+
+
+class Deposit(Message):
+    amount: Annotated[float, Field(gt=0, le=1_000_000, description="credits")]
+
+
+class Balance(Message):
+    account: str
+    balance: float
+
+
+# -- nodes --------------------------------------------------------------------------------
+
+
+class GpuInfo(Message):
+    name: str
+    vram_gb: float
+    compute_capability: str | None = None
+
+
+class HardwareProfile(Message):
+    cpu_model: str
+    cpu_cores: Annotated[int, Field(ge=1)]
+    ram_gb: Annotated[float, Field(ge=0)]
+    device: Literal["cpu", "cuda"] = "cpu"
+    gpus: list[GpuInfo] = Field(default_factory=list)
+
+
+class BenchmarkResult(Message):
+    tflops_fp32: Annotated[float, Field(ge=0)]
+    tflops_bf16: Annotated[float, Field(ge=0)] | None = None
+    mem_bandwidth_gbps: Annotated[float, Field(ge=0)]
+    seconds: float = 0.0
+
+
+class NodeRegister(Message):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    public_key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="raw Ed25519 public key, hex")]
+    kind: NodeKind = "community"
+    core_token: str | None = Field(None, description="the operator's token; required to register as core")
+    hardware: HardwareProfile
+    benchmark: BenchmarkResult
+    price_per_hour: Annotated[float, Field(ge=0, le=1000)]
+    region: Annotated[str, Field(max_length=32)] = "local"
+
+
+class NodeRegistered(Message):
+    node_id: str
+    heartbeat_interval_s: float
+    lease_ttl_s: float
+
+
+class LeaseHeld(Message):
+    lease_id: str
+    epoch: int
+
+
+class Heartbeat(Message):
+    leases: list[LeaseHeld] = Field(default_factory=list)
+
+
+class HeartbeatAck(Message):
+    heartbeat_interval_s: float
+    revoked: list[str] = Field(default_factory=list, description="leases to stop now")
+
+
+class TaskConfig(Message):
+    """What a task subprocess needs to run: handed to it as a file by the agent."""
+
+    job_id: str
+    task_id: str
+    role: TaskRole
+    worker_index: int
+    num_workers: int
+    training: TrainingSpec
+    dataset: Sha256
+
+
+class LeaseGrant(Message):
+    lease_id: str
+    task_id: str
+    job_id: str
+    role: TaskRole
+    epoch: int
+    expires_at: datetime
+    task_token: str = Field(description="a bearer token scoped to this lease, for the task subprocess")
+    task: TaskConfig
+
+
+class LeaseReport(Message):
+    epoch: int
+    outcome: LeaseOutcome
+    detail: Annotated[str, Field(max_length=4000)] = ""
+
+
+class Offer(Message):
+    node_id: str
+    name: str
+    kind: NodeKind
+    device: str
+    gpu: str | None
+    vram_gb: float
+    tflops: float
+    price_per_hour: float
+    region: str
+    state: str
+
+
+# -- jobs -----------------------------------------------------------------------------------
+
+
+class JobSubmit(Message):
+    spec: JobSpec
+    dataset: Sha256
+
+
+class JobInfo(Message):
+    id: str
+    name: str
+    state: JobState
+    created_at: datetime
+    round: int
+    rounds: int
+    budget: float
+    spent: float
+    live_workers: int
+    initial_val_loss: float | None = None
+    val_loss: float | None = None
+    train_loss: float | None = None
+    checkpoint: Sha256 | None = None
+    reason: str = ""
+
+
+class TaskInfo(Message):
+    id: str
+    role: TaskRole
+    index: int
+    state: TaskState
+    node_id: str | None
+    epoch: int
+    placement: str = Field("", description="why the market chose this node")
+
+
+class RoundInfo(Message):
+    round: int
+    model: Sha256
+    val_loss: float | None
+    train_loss: float | None
+    contributions: int
+    published_at: datetime
+
+
+class NodeCost(Message):
+    node_id: str
+    name: str
+    kind: NodeKind
+    seconds: float
+    cost: float
+
+
+class JobDetail(JobInfo):
+    spec: JobSpec
+    tasks: list[TaskInfo]
+    rounds_log: list[RoundInfo]
+    costs: list[NodeCost]
+
+
+class JobEvent(Message):
+    at: datetime
+    message: str
+
+
+# -- the task subprocess (bearer: the lease's task token) ----------------------------------
+
+
+class RoundState(Message):
+    """The newest published global model of a job."""
+
+    round: int
+    model: Sha256
+    finished: bool = False
+
+
+class ContributionSubmit(Message):
+    round: Annotated[int, Field(ge=0)]
+    delta: Sha256 = Field(description="blob of the compressed pseudo-gradient")
+    tokens: Annotated[int, Field(ge=0)]
+    steps: Annotated[int, Field(ge=0)]
+    train_loss: float
+
+
+class Contribution(Message):
+    task_id: str
+    node_id: str
+    delta: Sha256
+    tokens: int
+    steps: int
+    train_loss: float
+
+
+class ContributionList(Message):
+    round: int
+    contributions: list[Contribution]
+    live_workers: int = Field(description="workers holding a live lease now: the quorum to wait for")
+
+
+class RoundPublish(Message):
+    round: Annotated[int, Field(ge=0)]
+    model: Sha256
+    val_loss: float | None = None
+    train_loss: float | None = None
+    contributions: int = 0
+
+
+class TaskLog(Message):
+    message: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+# -- ledger -----------------------------------------------------------------------------------
+
+
+class Posting(Message):
+    account: str
+    amount: int = Field(description="micro-credits; postings of one entry sum to zero")
+
+
+class LedgerEntry(Message):
+    seq: int
+    at: str = Field(description="ISO-8601 UTC, exactly as hashed")
+    kind: str
+    memo: str
+    postings: list[Posting]
+    prev_hash: str
+    hash: str
+
+
+class LedgerExport(Message):
+    entries: list[LedgerEntry]
+
+
+class ErrorBody(Message):
+    detail: str

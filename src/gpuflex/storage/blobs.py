@@ -1,0 +1,86 @@
+"""Blobs are immutable and named by their sha256, so any copy can be checked and nothing is overwritten.
+
+A key is exactly 64 lower-case hex digits; anything else (``../``, slashes, upper case) is refused
+before it can reach a path. Writes go to a temporary file first and are renamed into place, so
+a crash never leaves a half-written blob under a valid name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from gpuflex.errors import BadRequest, NotFound
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def validate_digest(digest: str) -> str:
+    if not _DIGEST.fullmatch(digest):
+        raise BadRequest("a blob key must be 64 lower-case hex digits (its sha256)")
+    return digest
+
+
+class BlobStore(ABC):
+    """Put and get immutable blobs by sha256."""
+
+    def put(self, data: bytes, expected: str | None = None) -> str:
+        """Store ``data``; if ``expected`` is given, refuse data whose hash differs."""
+        digest = sha256_hex(data)
+        if expected is not None and validate_digest(expected) != digest:
+            raise BadRequest(f"blob content hashes to {digest}, not {expected}")
+        if not self.exists(digest):
+            self._write(digest, data)
+        return digest
+
+    @abstractmethod
+    def get(self, digest: str) -> bytes: ...
+
+    @abstractmethod
+    def exists(self, digest: str) -> bool: ...
+
+    @abstractmethod
+    def _write(self, digest: str, data: bytes) -> None: ...
+
+
+class LocalBlobStore(BlobStore):
+    """Blobs as files under a directory, fanned out by the first two hex digits."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, digest: str) -> Path:
+        validate_digest(digest)
+        return self.root / digest[:2] / digest
+
+    def exists(self, digest: str) -> bool:
+        return self._path(digest).exists()
+
+    def get(self, digest: str) -> bytes:
+        try:
+            return self._path(digest).read_bytes()
+        except FileNotFoundError:
+            raise NotFound(f"no blob {digest}") from None
+
+    def _write(self, digest: str, data: bytes) -> None:
+        path = self._path(digest)
+        path.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise

@@ -1,0 +1,75 @@
+"""The byte-level dataset (vocabulary 256): split, shards and reproducible batches.
+
+The first 90% of the corpus is for training, split into one contiguous shard per worker;
+the last 10% is for validation. Training batches come from a generator seeded by
+(seed, worker, round), so a re-run of a round draws the same batches; validation batches are
+one fixed set, so validation losses of different rounds are comparable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import Tensor
+
+from gpuflex.errors import BadRequest
+
+VOCAB_SIZE = 256
+VAL_FRACTION = 0.1
+
+Batch = tuple[Tensor, Tensor]  # inputs and next-byte targets, both (batch, block) int64
+
+
+class ByteDataset:
+    """A corpus as bytes, split into train (first 90%) and validation (last 10%)."""
+
+    def __init__(self, corpus: bytes, block_size: int):
+        if not corpus:
+            raise BadRequest("the dataset is empty")
+        tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)
+        n_val = int(len(tokens) * VAL_FRACTION)
+        self.block_size = block_size
+        self.train = tokens[: len(tokens) - n_val]
+        self.val = tokens[len(tokens) - n_val :]
+        _check_long_enough(self.val, block_size, "the validation split")
+
+    def shard(self, worker_index: int, num_workers: int) -> Tensor:
+        """Worker ``worker_index``'s contiguous slice of the training split."""
+        if not 0 <= worker_index < num_workers:
+            raise BadRequest(f"worker_index must be in [0, {num_workers}), got {worker_index}")
+        size = len(self.train) // num_workers
+        part = self.train[worker_index * size : (worker_index + 1) * size]
+        _check_long_enough(part, self.block_size, f"shard {worker_index} of {num_workers}")
+        return part
+
+
+def round_generator(seed: int, worker_index: int, round: int) -> torch.Generator:
+    """A generator whose stream depends only on (seed, worker_index, round)."""
+    digest = hashlib.sha256(f"{seed}/{worker_index}/{round}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def sample_batch(tokens: Tensor, batch_size: int, block_size: int, generator: torch.Generator) -> Batch:
+    """``batch_size`` windows of ``block_size + 1`` bytes at random offsets of ``tokens``."""
+    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)
+    return _windows(tokens, starts, block_size)
+
+
+def validation_batches(val: Tensor, count: int, batch_size: int, block_size: int) -> list[Batch]:
+    """``count`` batches of windows at evenly spaced offsets: the same set every time."""
+    starts = torch.linspace(0, len(val) - block_size - 1, count * batch_size).long()
+    return [_windows(val, s, block_size) for s in starts.split(batch_size)]
+
+
+def _windows(tokens: Tensor, starts: Tensor, block_size: int) -> Batch:
+    chunk = tokens[starts[:, None] + torch.arange(block_size + 1)].long()
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def _check_long_enough(tokens: Tensor, block_size: int, what: str) -> None:
+    if len(tokens) < block_size + 2:
+        raise BadRequest(
+            f"{what} has {len(tokens)} bytes, too few for block_size {block_size}: "
+            "use a larger corpus, fewer workers or a smaller block_size"
+        )

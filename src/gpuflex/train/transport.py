@@ -1,0 +1,186 @@
+"""The runtime's one window on the network: the ``Transport`` interface, and ``LocalTransport``.
+
+Workers and the aggregator only ever call these seven methods. The agent hands the task a
+transport that speaks HTTP to the coordinator; ``LocalTransport`` keeps everything in memory
+with the coordinator's semantics, for tests and for training on one machine:
+
+- blobs are content-addressed: ``put_blob`` returns the sha256 of the bytes;
+- rounds are published in order, 0, 1, 2, ...; publishing round r+1 closes round r, so a
+  contribution for a closed round is refused (``submit_contribution`` returns False);
+- the job is finished once round ``rounds`` is published.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuflex.errors import BadRequest, Conflict, NotFound, ServiceError
+from gpuflex.protocol.messages import (
+    Contribution,
+    ContributionList,
+    ContributionSubmit,
+    RoundPublish,
+    RoundState,
+)
+from gpuflex.train.checkpoint import sha256
+
+
+class Transport(Protocol):
+    """What the runtime needs from the network; the module docstring gives the semantics."""
+
+    def get_blob(self, digest: str) -> bytes: ...
+
+    def put_blob(self, data: bytes) -> str:
+        """Store ``data``; returns its sha256 (hex)."""
+        ...
+
+    def latest_round(self) -> RoundState | None:
+        """The newest published round; None before round 0 is published."""
+        ...
+
+    def submit_contribution(self, c: ContributionSubmit) -> bool:
+        """True if accepted; False if round ``c.round`` is already closed (the worker is stale)."""
+        ...
+
+    def contributions(self, round: int) -> ContributionList: ...
+
+    def publish_round(self, p: RoundPublish) -> None: ...
+
+    def log(self, message: str) -> None: ...
+
+
+def fetch_verified(transport: Transport, digest: str) -> bytes:
+    """The blob ``digest``, checked against its hash: a store or a link may corrupt bytes."""
+    data = transport.get_blob(digest)
+    if sha256(data) != digest:
+        raise ServiceError(f"blob {digest[:12]} arrived corrupted (its sha256 does not match)")
+    return data
+
+
+def wait_for_round(
+    transport: Transport, newer_than: int, poll_interval_s: float, should_stop: Callable[[], bool]
+) -> RoundState | None:
+    """The latest round once it is newer than ``newer_than`` or finished; None if told to stop first."""
+    while not should_stop():
+        state = transport.latest_round()
+        if state is not None and (state.round > newer_than or state.finished):
+            return state
+        time.sleep(poll_interval_s)
+    return None
+
+
+@dataclass
+class _Hub:
+    """The shared state of every ``LocalTransport`` view of one job."""
+
+    rounds: int
+    live_workers: int
+    echo: Callable[[str], None] | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    published: list[RoundPublish] = field(default_factory=list)
+    contributions: dict[int, dict[str, Contribution]] = field(default_factory=dict)
+    logs: list[tuple[str, str]] = field(default_factory=list)
+
+
+class LocalTransport:
+    """An in-memory, thread-safe transport for one job of ``rounds`` rounds.
+
+    Each task talks through its own view, ``for_task(task_id)``, so contributions are
+    attributed to tasks as the coordinator would; all views share one state.
+    """
+
+    def __init__(
+        self,
+        rounds: int,
+        live_workers: int,
+        *,
+        task_id: str = "task-0",
+        echo: Callable[[str], None] | None = None,
+    ):
+        self.task_id = task_id
+        self._hub = _Hub(rounds=rounds, live_workers=live_workers, echo=echo)
+
+    def for_task(self, task_id: str) -> LocalTransport:
+        """A view of the same job through which task ``task_id`` acts."""
+        view = copy.copy(self)
+        view.task_id = task_id
+        return view
+
+    def get_blob(self, digest: str) -> bytes:
+        with self._hub.lock:
+            if digest not in self._hub.blobs:
+                raise NotFound(f"no blob {digest}")
+            return self._hub.blobs[digest]
+
+    def put_blob(self, data: bytes) -> str:
+        digest = sha256(data)
+        with self._hub.lock:
+            self._hub.blobs[digest] = bytes(data)
+        return digest
+
+    def latest_round(self) -> RoundState | None:
+        with self._hub.lock:
+            return self._latest()
+
+    def submit_contribution(self, c: ContributionSubmit) -> bool:
+        with self._hub.lock:
+            latest = self._latest()
+            if latest is None or c.round > latest.round:
+                raise Conflict(f"round {c.round} has not started")
+            if c.round < latest.round or latest.finished:
+                return False
+            if c.delta not in self._hub.blobs:
+                raise BadRequest(f"contribution names blob {c.delta}, which was never uploaded")
+            entry = Contribution(
+                task_id=self.task_id, node_id=f"node-{self.task_id}", **c.model_dump(exclude={"round"})
+            )
+            self._hub.contributions.setdefault(c.round, {})[self.task_id] = entry  # a resubmission replaces
+            return True
+
+    def contributions(self, round: int) -> ContributionList:
+        with self._hub.lock:
+            entries = list(self._hub.contributions.get(round, {}).values())
+            return ContributionList(round=round, contributions=entries, live_workers=self._hub.live_workers)
+
+    def publish_round(self, p: RoundPublish) -> None:
+        with self._hub.lock:
+            expected = len(self._hub.published)
+            if p.round != expected or expected > self._hub.rounds:
+                raise Conflict(f"cannot publish round {p.round}: the next round is {expected}")
+            if p.model not in self._hub.blobs:
+                raise BadRequest(f"round {p.round} names model blob {p.model}, which was never uploaded")
+            self._hub.published.append(p)
+
+    def log(self, message: str) -> None:
+        with self._hub.lock:
+            self._hub.logs.append((self.task_id, message))
+        if self._hub.echo is not None:
+            self._hub.echo(f"[{self.task_id}] {message}")
+
+    # -- for tests and fault injection: not part of Transport --------------------------------
+
+    def set_live_workers(self, n: int) -> None:
+        with self._hub.lock:
+            self._hub.live_workers = n
+
+    def history(self) -> list[RoundPublish]:
+        """Every published round, in order."""
+        with self._hub.lock:
+            return list(self._hub.published)
+
+    def logs(self) -> list[tuple[str, str]]:
+        """(task_id, message) of every log line, in order."""
+        with self._hub.lock:
+            return list(self._hub.logs)
+
+    def _latest(self) -> RoundState | None:
+        if not self._hub.published:
+            return None
+        p = self._hub.published[-1]
+        return RoundState(round=p.round, model=p.model, finished=p.round >= self._hub.rounds)

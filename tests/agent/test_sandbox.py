@@ -1,0 +1,206 @@
+"""The task sandbox, with real child processes: environment, work dir, limits, killing, logs."""
+
+import json
+import os
+import resource
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuflex.agent.sandbox import ENV_ALLOWLIST, Limits, TaskProcess, scrubbed_env, start_task
+
+SMALL = Limits(memory_mb=512)
+
+
+def run(tmp_path: Path, code: str, limits: Limits = SMALL, **env_extra: str) -> tuple[int, str]:
+    task = start(tmp_path, code, limits, **env_extra)
+    try:
+        code = task.wait(timeout=60)
+    finally:
+        task.kill()
+    return code, task.tail()
+
+
+def start(tmp_path: Path, code: str, limits: Limits = SMALL, **env_extra: str) -> TaskProcess:
+    return start_task(
+        [sys.executable, "-c", code],
+        workdir=tmp_path / "work",
+        env_extra=env_extra,
+        limits=limits,
+        log_path=tmp_path / "logs" / "task.log",
+    )
+
+
+def wait_for_log(task: TaskProcess, needle: str, timeout_s: float = 20) -> str:
+    deadline = time.monotonic() + timeout_s
+    while needle not in (text := task.tail()):
+        assert time.monotonic() < deadline, f"{needle!r} never appeared in the log: {text!r}"
+        time.sleep(0.05)
+    return text
+
+
+def is_gone(pid: int) -> bool:
+    """No such process, or only a zombie waiting for init to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_child_sees_only_allowlisted_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFLEX_SECRET", "hunter2")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "AKIA-not-for-tasks")
+    monkeypatch.setenv("HOME", "/home/agent")
+    monkeypatch.setenv("PYTHONPATH", "/agent/src")
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+
+    code, log = run(tmp_path, "import json, os; print(json.dumps(dict(os.environ)))", GPUFLEX_TASK_TOKEN="t")
+
+    assert code == 0, log
+    env = json.loads(log)
+    assert "hunter2" not in log and "AKIA-not-for-tasks" not in log
+    assert set(env) <= {*ENV_ALLOWLIST, "HOME", "GPUFLEX_TASK_TOKEN"}
+    assert env["HOME"] == str(tmp_path / "work")
+    assert env["GPUFLEX_TASK_TOKEN"] == "t"
+    assert env["TZ"] == "Europe/Berlin"
+    assert env["PATH"] == os.environ["PATH"]
+
+
+def test_wrapper_adds_no_lc_ctype_in_c_locale(tmp_path, monkeypatch):
+    # a Python task would add LC_CTYPE itself (PEP 538), so the task here is env(1)
+    for name in ("LANG", "LC_ALL", "LC_CTYPE"):
+        monkeypatch.delenv(name, raising=False)
+
+    task = start_task(["env"], workdir=tmp_path, env_extra={}, limits=SMALL, log_path=tmp_path / "env.log")
+
+    assert task.wait(timeout=30) == 0
+    assert sorted(line.split("=")[0] for line in task.tail().splitlines()) == ["HOME", "PATH"]
+
+
+def test_scrubbed_env_keeps_allowlist_and_adds_extra():
+    parent = {"PATH": "/bin", "LANG": "C.UTF-8", "HOME": "/root", "GPUFLEX_KEY": "x", "SSH_AUTH_SOCK": "/s"}
+
+    assert scrubbed_env({"HOME": "/w"}, parent) == {"PATH": "/bin", "LANG": "C.UTF-8", "HOME": "/w"}
+    assert scrubbed_env({}, {})["PATH"] == os.defpath
+
+
+def test_child_runs_in_private_workdir(tmp_path):
+    (tmp_path / "work").mkdir(mode=0o755)
+
+    code, log = run(tmp_path, "import os; print(os.getcwd())")
+
+    assert code == 0, log
+    assert os.path.realpath(log.strip()) == os.path.realpath(tmp_path / "work")
+    assert stat.S_IMODE((tmp_path / "work").stat().st_mode) == 0o700
+
+
+def test_memory_hog_fails_under_limit_while_small_program_succeeds(tmp_path):
+    hog_code, hog_log = run(tmp_path, "b = bytearray(2 * 1024**3); print('allocated')")
+    small_code, small_log = run(tmp_path, "b = bytearray(16 * 1024**2); print('fine', len(b))")
+
+    assert hog_code != 0
+    assert "MemoryError" in hog_log and "allocated" not in hog_log
+    assert small_code == 0, small_log
+    assert small_log.endswith(f"fine {16 * 1024**2}\n")  # the log is appended to, not truncated
+
+
+def test_torch_matmul_fits_the_default_memory_limit(tmp_path):
+    code, log = run(
+        tmp_path, "import torch; print((torch.ones(1000, 1000) @ torch.ones(1000, 1000))[0, 0])", Limits()
+    )
+
+    assert code == 0, log
+    assert "1000." in log
+
+
+def test_rlimits_are_applied(tmp_path):
+    limits = Limits(memory_mb=1024, cpu_seconds=30, max_file_mb=8, max_open_files=64)
+    code, log = run(
+        tmp_path,
+        "import resource as r; print([r.getrlimit(x) for x in "
+        "(r.RLIMIT_NOFILE, r.RLIMIT_CORE, r.RLIMIT_AS, r.RLIMIT_FSIZE, r.RLIMIT_CPU)])",
+        limits,
+    )
+
+    assert code == 0, log
+    mb = 2**20
+    assert log.strip() == str([(64, 64), (0, 0), (1024 * mb, 1024 * mb), (8 * mb, 8 * mb), (30, 35)])
+
+
+def test_unlimited_memory_and_cpu_leave_parent_limits(tmp_path):
+    code, log = run(
+        tmp_path,
+        "import resource as r; print([r.getrlimit(x) for x in (r.RLIMIT_AS, r.RLIMIT_CPU)])",
+        Limits(memory_mb=None),
+    )
+
+    assert code == 0, log
+    assert log.strip() == str(
+        [resource.getrlimit(resource.RLIMIT_AS), resource.getrlimit(resource.RLIMIT_CPU)]
+    )
+
+
+@pytest.mark.parametrize("field", ["memory_mb", "cpu_seconds", "max_file_mb", "max_open_files"])
+def test_limits_must_be_positive(field):
+    with pytest.raises(ValueError, match=field):
+        Limits(**{field: 0})
+
+
+def test_terminate_kills_child_and_grandchild(tmp_path):
+    task = start(
+        tmp_path,
+        "import subprocess, time\n"
+        "p = subprocess.Popen(['sleep', '60'])\n"
+        "print('grandchild', p.pid, flush=True)\n"
+        "time.sleep(60)\n",
+    )
+    grandchild = int(wait_for_log(task, "grandchild").split()[1])
+    assert not is_gone(grandchild)
+
+    task.terminate(grace_s=5)
+
+    assert task.poll() == -15
+    deadline = time.monotonic() + 5
+    while not is_gone(grandchild):
+        assert time.monotonic() < deadline, "the grandchild outlived terminate()"
+        time.sleep(0.05)
+
+
+def test_terminate_escalates_to_sigkill_when_sigterm_is_ignored(tmp_path):
+    task = start(
+        tmp_path,
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n",
+    )
+    wait_for_log(task, "ready")
+
+    task.terminate(grace_s=0.3)
+
+    assert task.poll() == -9
+
+
+def test_missing_program_exits_127_with_a_message(tmp_path):
+    task = start_task(
+        ["no-such-program-gpuflex"],
+        workdir=tmp_path / "work",
+        env_extra={},
+        limits=SMALL,
+        log_path=tmp_path / "task.log",
+    )
+
+    assert task.wait(timeout=30) == 127
+    assert "cannot run 'no-such-program-gpuflex'" in task.tail()
+
+
+def test_tail_returns_the_end_of_the_log(tmp_path):
+    task = start(tmp_path, "print('x' * 10000 + 'END')")
+
+    assert task.wait(timeout=30) == 0
+    assert task.tail(10) == "xxxxxxEND\n"
+    assert len(task.tail()) == 4000
+    assert TaskProcess(task._popen, tmp_path / "missing.log").tail() == ""

@@ -1,0 +1,84 @@
+"""Shared fixtures: database URLs (SQLite always; PostgreSQL when one answers) and process hygiene."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def _postgres_admin_url() -> tuple[str | None, str]:
+    """The server to make test databases on, or None with the reason it is not usable."""
+    url = os.environ.get("GPUFLEX_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
+    try:
+        engine = create_engine(url, connect_args={"connect_timeout": 2})
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as err:  # any failure to connect means: skip, and say why
+        return (
+            None,
+            f"PostgreSQL not reachable at {make_url(url).render_as_string(hide_password=True)}: "
+            f"{str(err).splitlines()[0]} (set GPUFLEX_TEST_POSTGRES_URL)",
+        )
+    return url, ""
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    url, reason = _postgres_admin_url()
+    if url is None:
+        pytest.skip(reason)
+    return url
+
+
+def _fresh_postgres_database(server_url: str) -> Iterator[str]:
+    name = f"gpuflex_test_{secrets.token_hex(4)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path) -> Iterator[str]:
+    """A new, empty database on each backend the machine has."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'gpuflex.db'}"
+    else:
+        yield from _fresh_postgres_database(request.getfixturevalue("postgres_server"))
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            found += [child, *_descendants(child)]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_processes() -> Iterator[None]:
+    """Kill whatever a test left running, so one failure can't poison the next test."""
+    yield
+    for pid in reversed(_descendants(os.getpid())):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

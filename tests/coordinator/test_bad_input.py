@@ -1,0 +1,154 @@
+"""Every kind of bad input gets a 4xx with a message, and writes nothing."""
+
+import hashlib
+
+import httpx
+import pytest
+
+from gpuflex.auth.signing import NodeKey
+from gpuflex.client import NodeClient
+from gpuflex.errors import BadRequest, Conflict, Forbidden, InsufficientFunds, NotFound, Unauthorized
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.spec import JobSpec
+
+
+def _status(response: httpx.Response) -> tuple[int, str]:
+    return response.status_code, response.json()["detail"]
+
+
+def test_sign_up_names_must_be_valid_and_unique(coordinator):
+    coordinator.consumer("alice")
+    assert coordinator.http.post("/v1/accounts", json={"name": "alice"}).status_code == 409
+    code, detail = _status(coordinator.http.post("/v1/accounts", json={"name": "no spaces!"}))
+    assert code == 422 and "name" in detail
+
+
+@pytest.mark.parametrize("header", [None, "Bearer gfx_not-a-real-token", "Bearer gfxtask_x", "Basic abc"])
+def test_consumer_endpoints_need_a_valid_api_token(coordinator, header):
+    headers = {"Authorization": header} if header else {}
+    code, detail = _status(coordinator.http.get("/v1/jobs", headers=headers))
+    assert code == 401 and "token" in detail
+
+
+def test_malformed_json_wrong_types_and_unknown_fields_are_422(coordinator):
+    alice = coordinator.consumer("alice", deposit=5)
+    auth = alice.http._http.headers
+    code, _ = _status(coordinator.http.post("/v1/wallet/deposit", content=b"{not json", headers=auth))
+    assert code == 422
+    code, detail = _status(coordinator.http.post("/v1/wallet/deposit", json={"amount": "lots"}, headers=auth))
+    assert code == 422 and "amount" in detail
+    code, detail = _status(coordinator.http.post("/v1/wallet/deposit", json={"amount": -3}, headers=auth))
+    assert code == 422 and "amount" in detail
+    dataset = alice.upload(b"x" * 1000)
+    body = {"spec": {"name": "j", "training": {"roundz": 2}}, "dataset": dataset}
+    code, detail = _status(coordinator.http.post("/v1/jobs", json=body, headers=auth))
+    assert code == 422 and "spec.training.roundz: unknown field" in detail
+    assert alice.jobs() == [] and alice.balance().balance == 5
+
+
+def test_oversized_bodies_get_413(coordinator):
+    alice = coordinator.consumer("alice")
+    auth = alice.http._http.headers
+    huge = b'{"name": "' + b"a" * 100_000 + b'"}'
+    assert coordinator.http.post("/v1/accounts", content=huge).status_code == 413
+    blob = b"z" * (300 * 1024)
+    response = coordinator.http.put(
+        f"/v1/blobs/{hashlib.sha256(blob).hexdigest()}", content=blob, headers=auth
+    )
+    assert response.status_code == 413
+
+
+def test_submitting_beyond_the_wallet_is_refused_and_writes_nothing(coordinator):
+    alice = coordinator.consumer("alice", deposit=1)
+    entries_before = len(alice.ledger().entries)
+    dataset = alice.upload(b"x" * 1000)
+    with pytest.raises(InsufficientFunds, match="needed"):
+        alice.submit(JobSpec(name="big", budget=50), dataset)
+    assert alice.jobs() == []
+    assert alice.balance().balance == 1
+    assert len(alice.ledger().entries) == entries_before
+
+
+def test_a_job_needs_its_dataset_uploaded_first(coordinator):
+    alice = coordinator.consumer("alice", deposit=5)
+    with pytest.raises(BadRequest, match="upload it first"):
+        alice.submit(JobSpec(name="j", budget=1), "ab" * 32)
+
+
+def test_consumers_see_and_touch_only_their_own_jobs(coordinator):
+    alice = coordinator.consumer("alice", deposit=5)
+    bob = coordinator.consumer("bob", deposit=5)
+    job = alice.submit(JobSpec(name="mine", budget=1), alice.upload(b"x" * 1000))
+    for action in (bob.job, bob.cancel, bob.logs, bob.checkpoint):
+        with pytest.raises(NotFound, match=job.id):
+            action(job.id)
+    assert bob.jobs() == []
+    assert alice.job(job.id).state in ("pending", "scheduled")
+    with pytest.raises(NotFound):
+        alice.job("j-doesnotexist")
+
+
+def test_blob_keys_hashes_and_readers_are_checked(coordinator):
+    alice = coordinator.consumer("alice")
+    auth = alice.http._http.headers
+    wrong = hashlib.sha256(b"other").hexdigest()
+    code, detail = _status(coordinator.http.put(f"/v1/blobs/{wrong}", content=b"data", headers=auth))
+    assert code == 400 and "hashes to" in detail
+    for key in ("..", "..%2F..%2Fetc%2Fpasswd", "A" * 64):
+        assert coordinator.http.put(f"/v1/blobs/{key}", content=b"data", headers=auth).status_code in (
+            400,
+            404,
+        )
+    assert coordinator.http.put(f"/v1/blobs/{wrong}", content=b"other").status_code == 401
+    digest = alice.upload(b"data")
+    with pytest.raises(Forbidden):
+        alice.http.request("GET", f"/v1/blobs/{digest}")
+
+
+def test_node_requests_must_be_signed_fresh_and_never_replayed(coordinator):
+    node = coordinator.node("n1")
+    assert node.lease() is None  # a good signature works
+    signed = node.key.sign_request("POST", "/v1/nodes/lease", b"")
+    first = coordinator.http.post("/v1/nodes/lease", headers=signed)
+    assert first.status_code == 204
+    code, detail = _status(coordinator.http.post("/v1/nodes/lease", headers=signed))
+    assert code == 401 and "replayed" in detail
+    forged = {**node.key.sign_request("POST", "/v1/nodes/lease", b""), "X-GPUFlex-Signature": "00" * 64}
+    code, detail = _status(coordinator.http.post("/v1/nodes/lease", headers=forged))
+    assert code == 401 and "signature" in detail
+    stranger = NodeKey.generate().sign_request("POST", "/v1/nodes/lease", b"")
+    code, detail = _status(coordinator.http.post("/v1/nodes/lease", headers=stranger))
+    assert code == 401 and "register first" in detail
+
+
+def test_signed_requests_from_a_skewed_clock_are_refused(coordinator):
+    node = coordinator.node("n1")
+    coordinator.clock.advance(3600)
+    with pytest.raises(Unauthorized, match="timestamp"):
+        node.lease()
+
+
+def test_core_registration_needs_the_operator_token(coordinator):
+    key = NodeKey.generate()
+    with pytest.raises(Forbidden, match="core token"):
+        NodeClient("http://testserver", key, transport=coordinator.http._transport).register(
+            m.NodeRegister(
+                name="fake-core",
+                public_key=key.public_key_hex,
+                kind="core",
+                core_token="guess",
+                price_per_hour=0.1,
+                hardware=m.HardwareProfile(cpu_model="x", cpu_cores=1, ram_gb=1),
+                benchmark=m.BenchmarkResult(tflops_fp32=1, mem_bandwidth_gbps=1),
+            )
+        )
+    assert coordinator.node("real-core", core=True) is not None
+
+
+def test_cancel_twice_is_a_conflict(coordinator):
+    alice = coordinator.consumer("alice", deposit=5)
+    job = alice.submit(JobSpec(name="j", budget=1), alice.upload(b"x" * 1000))
+    assert alice.cancel(job.id).state == "cancelled"
+    with pytest.raises(Conflict, match="already ended"):
+        alice.cancel(job.id)
+    assert alice.balance().balance == 5

@@ -1,0 +1,179 @@
+"""The round protocol, leases with epochs, liveness and settlement, driven through the real API."""
+
+import pytest
+
+from gpuflex.coordinator.app import reap_once
+from gpuflex.errors import Conflict, Forbidden
+from gpuflex.ledger import accounts
+from gpuflex.ledger.journal import Entry, balances, verify_chain
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.spec import JobSpec
+
+
+def _spec(workers=2, rounds=2, budget=1.0, max_price=0.5) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "t",
+            "resources": {"workers": workers},
+            "budget": budget,
+            "max_price_per_hour": max_price,
+            "training": {"rounds": rounds},
+        }
+    )
+
+
+def _journal(client) -> list[Entry]:
+    return [
+        Entry(
+            e.seq, e.at, e.kind, e.memo, tuple((p.account, p.amount) for p in e.postings), e.prev_hash, e.hash
+        )
+        for e in client.ledger().entries
+    ]
+
+
+def _network(coordinator, workers=2):
+    alice = coordinator.consumer("alice", deposit=10)
+    core = coordinator.node("core", core=True, price=0.4)
+    community = [coordinator.node(f"c{i}", price=0.1 + i / 100) for i in range(workers)]
+    job = alice.submit(_spec(workers), alice.upload(b"corpus " * 2000))
+    return alice, core, community, job
+
+
+def test_market_places_aggregator_on_core_and_workers_on_community(coordinator):
+    alice, core, community, job = _network(coordinator)
+    grants = {"core": core.lease(), **{f"c{i}": n.lease() for i, n in enumerate(community)}}
+    assert grants["core"].role == "aggregator"
+    assert {grants["c0"].role, grants["c1"].role} == {"worker"}
+    assert sorted(g.task.worker_index for g in (grants["c0"], grants["c1"])) == [0, 1]
+    detail = alice.job(job.id)
+    assert detail.state == "running"
+    assert all(t.placement for t in detail.tasks)
+    assert "core" in next(t.placement for t in detail.tasks if t.role == "aggregator")
+    assert core.lease() is None  # one task per node
+
+
+def test_a_whole_job_through_rounds_settles_and_conserves_money(coordinator):
+    alice, core, community, job = _network(coordinator)
+    agg = coordinator.task(core.lease())
+    workers = [coordinator.task(n.lease()) for n in community]
+    assert workers[0].latest_round() is None
+    agg.publish_round(m.RoundPublish(round=0, model=agg.put_blob(b"model-0"), val_loss=5.5))
+    for r in (0, 1):
+        coordinator.clock.advance(10)
+        for node in (core, *community):
+            node.heartbeat([])  # keeps the nodes online (leases renewed below)
+        state = workers[0].latest_round()
+        assert (state.round, state.finished) == (r, False)
+        for i, w in enumerate(workers):
+            delta = w.put_blob(f"delta-{r}-{i}".encode())
+            assert w.submit_contribution(
+                m.ContributionSubmit(round=r, delta=delta, tokens=100, steps=5, train_loss=3.0)
+            )
+        listed = agg.contributions(r)
+        assert (len(listed.contributions), listed.live_workers) == (2, 2)
+        with pytest.raises(Forbidden):
+            workers[0].publish_round(m.RoundPublish(round=r + 1, model=delta))
+        agg.publish_round(
+            m.RoundPublish(
+                round=r + 1, model=agg.put_blob(f"model-{r + 1}".encode()), val_loss=5.0 - r, contributions=2
+            )
+        )
+        late = m.ContributionSubmit(round=r, delta=delta, tokens=1, steps=1, train_loss=1.0)
+        assert workers[1].submit_contribution(late) is False  # the round closed: turned away
+    final = alice.job(job.id)
+    assert final.state == "completed" and workers[0].latest_round().finished
+    assert (final.initial_val_loss, final.val_loss) == (5.5, 4.0)
+    assert alice.checkpoint(job.id) == b"model-2"
+    journal = _journal(alice)
+    assert verify_chain(journal).ok
+    totals = balances(journal)
+    assert sum(totals.values()) == 0
+    assert totals.get(accounts.escrow(job.id), 0) == 0
+    paid = sum(v for k, v in totals.items() if k.startswith("provider:"))
+    fees = totals[accounts.PLATFORM_FEES]
+    assert paid > 0 and fees > 0 and fees == pytest.approx(paid / 9, rel=0.01)
+    (wallet,) = (v for k, v in totals.items() if k.startswith("consumer:"))
+    assert wallet == 10_000_000 - round(final.spent * 1e6) == round(alice.balance().balance * 1e6)
+    assert paid + fees == round(final.spent * 1e6)
+
+
+def test_an_expired_lease_is_re_leased_with_a_higher_epoch_and_stale_reports_change_nothing(coordinator):
+    alice, core, community, job = _network(coordinator, workers=1)
+    core.lease()
+    old = community[0].lease()
+    spare = coordinator.node("spare", price=0.2)
+    coordinator.clock.advance(20)  # past the 15 s lease; the old node went silent
+    for node in (core, spare):
+        node.heartbeat([])
+    reap_once(coordinator.ctx)
+    new = spare.lease()
+    assert new is not None and new.task_id == old.task_id and new.epoch == old.epoch + 1
+    with pytest.raises(Conflict, match=r"stale epoch|already ended"):
+        community[0].report(old.lease_id, m.LeaseReport(epoch=old.epoch, outcome="completed"))
+    with pytest.raises(Conflict, match="has ended"):
+        coordinator.task(old).latest_round()
+    task = next(t for t in alice.job(job.id).tasks if t.id == old.task_id)
+    assert (task.state, task.epoch, task.node_id) == ("leased", new.epoch, spare.key.node_id)
+    events = " ".join(e.message for e in alice.logs(job.id))
+    assert "missed its lease" in events
+
+
+def test_a_report_with_a_stale_epoch_is_refused(coordinator):
+    _, core, community, _ = _network(coordinator, workers=1)
+    grant = community[0].lease()
+    with pytest.raises(Conflict, match="stale epoch"):
+        community[0].report(grant.lease_id, m.LeaseReport(epoch=grant.epoch - 1, outcome="failed"))
+    with pytest.raises(Forbidden, match="another node"):
+        core.report(grant.lease_id, m.LeaseReport(epoch=grant.epoch, outcome="failed"))
+
+
+def test_heartbeats_renew_leases_and_revoke_unknown_ones(coordinator):
+    _, _, community, _ = _network(coordinator, workers=1)
+    grant = community[0].lease()
+    ack = community[0].heartbeat(
+        [m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch), m.LeaseHeld(lease_id="l-unknown", epoch=1)]
+    )
+    assert ack.revoked == ["l-unknown"]
+    coordinator.clock.advance(12)
+    community[0].heartbeat([m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch)])
+    coordinator.clock.advance(12)  # 24 s after the grant, but 12 s after the renewal: still live
+    reap_once(coordinator.ctx)
+    assert coordinator.task(grant).latest_round() is None
+
+
+def test_silent_nodes_are_marked_lost(coordinator):
+    alice = coordinator.consumer("alice")
+    quiet, chatty = coordinator.node("quiet"), coordinator.node("chatty")
+    coordinator.clock.advance(7)
+    chatty.heartbeat([])
+    reap_once(coordinator.ctx)
+    states = {o.name: o.state for o in alice.offers()}
+    assert states == {"quiet": "lost", "chatty": "online"}
+    assert quiet is not None
+
+
+def test_a_failed_task_is_retried_then_fails_the_job(coordinator):
+    alice, _, community, job = _network(coordinator, workers=1)
+    for _ in range(3):
+        grant = community[0].lease()
+        community[0].report(grant.lease_id, m.LeaseReport(epoch=grant.epoch, outcome="failed", detail="boom"))
+        reap_once(coordinator.ctx)
+    final = alice.job(job.id)
+    assert final.state == "failed" and "failed 3 times" in final.reason
+    assert alice.balance().balance == pytest.approx(10 - final.spent)
+
+
+def test_a_job_that_spends_its_budget_is_stopped(coordinator):
+    alice = coordinator.consumer("alice", deposit=10)
+    coordinator.node("core", core=True, price=0.4)
+    pricey = coordinator.node("w", price=0.5)
+    job = alice.submit(_spec(workers=1, budget=0.0002), alice.upload(b"x" * 1000))
+    grant = pricey.lease()
+    coordinator.clock.advance(10)
+    pricey.heartbeat([m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch)])
+    reap_once(coordinator.ctx)
+    final = alice.job(job.id)
+    assert final.state == "failed" and final.reason == "budget spent"
+    assert verify_chain(_journal(alice)).ok
+    assert alice.balance().balance == pytest.approx(10 - final.spent)
+    assert final.spent == pytest.approx(0.0002)  # charged the whole budget, not the overshoot

@@ -1,0 +1,238 @@
+import dataclasses
+import hashlib
+import json
+import re
+from datetime import UTC
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuflex.errors import BadRequest, InsufficientFunds
+from gpuflex.ledger.accounts import PLATFORM_FEES, WORLD, consumer, escrow, provider
+from gpuflex.ledger.journal import (
+    GENESIS_HASH,
+    Entry,
+    balances,
+    check_funds,
+    entry_from_dict,
+    entry_hash,
+    entry_to_dict,
+    make_entry,
+    verify_chain,
+)
+
+AT = "2025-01-01T00:00:00+00:00"
+INSIDE = [consumer("a"), consumer("b"), provider("n1"), provider("n2"), escrow("j1"), PLATFORM_FEES]
+timestamps = st.datetimes(timezones=st.just(UTC)).map(lambda t: t.isoformat())
+
+
+@st.composite
+def postings_for(draw, bal: dict[str, int]) -> tuple[str, list[tuple[str, int]]]:
+    """A deposit from WORLD, or a transfer/withdrawal from a funded account split over 1-3 targets."""
+    funded = [a for a in INSIDE if bal.get(a, 0) > 0]
+    if not funded or draw(st.booleans()):
+        amount = draw(st.integers(1, 10**12))
+        return "deposit", [(WORLD, -amount), (draw(st.sampled_from(INSIDE)), amount)]
+    src = draw(st.sampled_from(funded))
+    amount = draw(st.integers(1, bal[src]))
+    targets = draw(st.lists(st.sampled_from([*INSIDE, WORLD]), min_size=1, max_size=3, unique=True))
+    targets = [t for t in targets if t != src][:amount] or [WORLD]
+    share = amount // len(targets)
+    pieces = [share] * (len(targets) - 1) + [amount - share * (len(targets) - 1)]
+    return "transfer", [(src, -amount), *zip(targets, pieces, strict=True)]
+
+
+@st.composite
+def chains(draw, min_size: int = 1, max_size: int = 10) -> list[Entry]:
+    entries: list[Entry] = []
+    for _ in range(draw(st.integers(min_size, max_size))):
+        bal = balances(entries)
+        kind, postings = draw(postings_for(bal))
+        check_funds(bal, postings)
+        memo = draw(st.text(max_size=20))
+        prev = entries[-1] if entries else None
+        entries.append(make_entry(prev, at=draw(timestamps), kind=kind, memo=memo, postings=postings))
+    return entries
+
+
+def names_seq(problem: str | None, seq: int) -> bool:
+    return problem is not None and re.search(rf"\bseq {seq}\b", problem) is not None
+
+
+@given(chains())
+def test_valid_transfers_verify_and_sum_to_zero(entries):
+    report = verify_chain(entries)
+    assert report.ok, report.problem
+    assert report.entries == len(entries)
+    assert report.head == entries[-1].hash
+    assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
+    bal = balances(entries)
+    assert sum(bal.values()) == 0
+    assert all(v >= 0 for a, v in bal.items() if a != WORLD)
+    assert verify_chain(entries, expected_head=entries[-1].hash).ok
+
+
+@given(chains())
+def test_json_round_trip(entries):
+    exported = json.loads(json.dumps([entry_to_dict(e) for e in entries]))
+    assert [entry_from_dict(d) for d in exported] == entries
+
+
+def _tamper(e: Entry, field: str, data) -> Entry:
+    if field in ("amount", "account"):
+        j = data.draw(st.integers(0, len(e.postings) - 1))
+        account, amount = e.postings[j]
+        if field == "amount":
+            changed = (account, amount + data.draw(st.integers(-(10**6), 10**6).filter(bool)))
+        else:
+            changed = (account + "x", amount)
+        postings = (*e.postings[:j], changed, *e.postings[j + 1 :])
+        return dataclasses.replace(e, postings=postings)
+    if field == "seq":
+        return dataclasses.replace(e, seq=e.seq + data.draw(st.integers(-5, 5).filter(bool)))
+    if field in ("prev_hash", "hash"):
+        old = getattr(e, field)
+        return dataclasses.replace(e, **{field: ("1" if old[0] != "1" else "2") + old[1:]})
+    return dataclasses.replace(e, **{field: getattr(e, field) + "x"})
+
+
+@given(
+    chains(),
+    st.sampled_from(["amount", "account", "memo", "seq", "prev_hash", "hash", "at", "kind"]),
+    st.data(),
+)
+def test_any_change_fails_and_names_the_entry(entries, field, data):
+    i = data.draw(st.integers(0, len(entries) - 1))
+    tampered = [*entries[:i], _tamper(entries[i], field, data), *entries[i + 1 :]]
+    report = verify_chain(tampered)
+    assert not report.ok
+    assert report.entries == i
+    assert names_seq(report.problem, entries[i].seq), report.problem
+
+
+@given(chains(min_size=2), st.data())
+def test_reordering_fails(entries, data):
+    order = data.draw(st.permutations(range(len(entries))).filter(lambda p: list(p) != sorted(p)))
+    report = verify_chain([entries[k] for k in order])
+    assert not report.ok
+    first_moved = next(pos for pos, k in enumerate(order) if k != pos)
+    assert report.entries == first_moved
+    assert names_seq(report.problem, first_moved + 1), report.problem
+
+
+@given(chains(min_size=2), st.data())
+def test_deleting_an_entry_fails(entries, data):
+    i = data.draw(st.integers(0, len(entries) - 2))
+    report = verify_chain(entries[:i] + entries[i + 1 :])
+    assert not report.ok
+    assert names_seq(report.problem, i + 1), report.problem
+
+
+def test_truncated_tail_needs_a_trusted_head():
+    e1 = make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)])
+    e2 = make_entry(e1, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)])
+    assert verify_chain([e1]).ok
+    report = verify_chain([e1], expected_head=e2.hash)
+    assert not report.ok
+    assert "head" in report.problem
+
+
+def _forge(prev: Entry | None, postings) -> Entry:
+    """An entry with a correct hash and link but content make_entry would refuse."""
+    seq, prev_hash = (prev.seq + 1, prev.hash) if prev else (1, GENESIS_HASH)
+    postings = tuple(postings)
+    return Entry(
+        seq, AT, "forged", "", postings, prev_hash, entry_hash(seq, AT, "forged", "", postings, prev_hash)
+    )
+
+
+def test_unbalanced_entry_fails():
+    e1 = make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)])
+    report = verify_chain([e1, _forge(e1, [(WORLD, -5), (consumer("a"), 6)])])
+    assert not report.ok and report.entries == 1
+    assert report.problem.startswith("seq 2: postings not balanced")
+
+
+def test_negative_balance_fails():
+    e1 = make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)])
+    e2 = make_entry(e1, at=AT, kind="withdrawal", memo="", postings=[(consumer("a"), -6), (WORLD, 6)])
+    report = verify_chain([e1, e2])
+    assert not report.ok
+    assert report.problem == "seq 2: account consumer:a balance goes negative (-1)"
+    assert report.head == e1.hash
+
+
+def test_empty_chain_is_ok():
+    assert verify_chain([]) == verify_chain([], expected_head=GENESIS_HASH)
+    assert verify_chain([]).head == GENESIS_HASH
+
+
+def test_entry_hash_is_sha256_of_canonical_json():
+    canonical = (
+        '{"at":"2025-01-01T00:00:00+00:00","kind":"deposit","memo":"caf\\u00e9","postings":[["world",-5],'
+        '["consumer:a",5]],"prev_hash":"' + GENESIS_HASH + '","seq":1}'
+    )
+    got = entry_hash(1, AT, "deposit", "café", [(WORLD, -5), (consumer("a"), 5)], GENESIS_HASH)
+    assert got == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_make_entry_links():
+    e1 = make_entry(None, at=AT, kind="deposit", memo="m", postings=[(WORLD, -5), (consumer("a"), 5)])
+    e2 = make_entry(e1, at="2025-01-01T00:00:01Z", kind="deposit", memo="", postings=[(WORLD, -1), ("x", 1)])
+    assert (e1.seq, e1.prev_hash) == (1, GENESIS_HASH)
+    assert (e2.seq, e2.prev_hash) == (2, e1.hash)
+    assert e1.postings == ((WORLD, -5), (consumer("a"), 5))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"postings": [(WORLD, -5)]}, "at least two postings"),
+        ({"postings": []}, "at least two postings"),
+        ({"postings": [(WORLD, 0), ("a", 0)]}, "nonzero integer"),
+        ({"postings": [(WORLD, -1.5), ("a", 1.5)]}, "nonzero integer"),
+        ({"postings": [(WORLD, -1), ("a", True)]}, "nonzero integer"),
+        ({"postings": [(WORLD, -5), ("a", 4)]}, "not balanced"),
+        ({"postings": [(WORLD, -5), ("", 5)]}, "non-empty"),
+        ({"postings": [(WORLD, -5), (None, 5)]}, "non-empty"),
+        ({"at": "yesterday"}, "ISO-8601"),
+        ({"at": "2025-01-01T00:00:00"}, "UTC"),
+        ({"at": "2025-01-01T00:00:00+02:00"}, "UTC"),
+        ({"kind": ""}, "kind"),
+        ({"memo": None}, "memo"),
+    ],
+)
+def test_make_entry_rejects(changes, message):
+    args = {"at": AT, "kind": "deposit", "memo": "", "postings": [(WORLD, -5), (consumer("a"), 5)]} | changes
+    with pytest.raises(BadRequest, match=message):
+        make_entry(None, **args)
+
+
+def test_check_funds():
+    bal = {consumer("a"): 10, WORLD: -10}
+    check_funds(bal, [(consumer("a"), -10), (escrow("j"), 10)])
+    check_funds(bal, [(WORLD, -(10**9)), (consumer("b"), 10**9)])
+    with pytest.raises(InsufficientFunds, match=r"consumer:a has 10 micro-credits, needs 11"):
+        check_funds(bal, [(consumer("a"), -11), (escrow("j"), 11)])
+    with pytest.raises(InsufficientFunds, match="consumer:b has 0"):
+        check_funds(bal, [(consumer("b"), -1), (escrow("j"), 1)])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d.pop("hash"),
+        lambda d: d.update(extra=1),
+        lambda d: d.update(seq="1"),
+        lambda d: d.update(memo=3),
+        lambda d: d.update(postings=[["world", -1.0], ["a", 1.0]]),
+        lambda d: d.update(postings=[["world"]]),
+        lambda d: d.update(postings="world"),
+    ],
+)
+def test_entry_from_dict_rejects(change):
+    d = entry_to_dict(make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), ("a", 5)]))
+    change(d)
+    with pytest.raises(BadRequest):
+        entry_from_dict(d)

@@ -1,0 +1,48 @@
+from pathlib import Path
+
+import pytest
+
+from gpuflex.errors import SpecError
+from gpuflex.protocol.spec import job_spec_from_yaml, load_job_spec, parse_job_spec
+
+EXAMPLE = Path(__file__).parents[2] / "src" / "gpuflex" / "examples" / "char-gpt.yaml"
+
+
+def test_the_shipped_example_is_valid():
+    spec = load_job_spec(EXAMPLE)
+    assert spec.resources.workers == 3
+    assert spec.training.recipe == "char-gpt"
+    assert spec.data.source == "stdlib"
+
+
+def test_defaults_fill_everything_but_the_name():
+    spec = parse_job_spec({"name": "tiny"})
+    assert spec.training.outer_lr == 0.7 and spec.training.outer_momentum == 0.9
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "named"),
+    [
+        ("name: x\ntraining: {roundz: 3}", "training.roundz: unknown field"),
+        ("name: x\nresources: {workers: 0}", "resources.workers"),
+        ("name: x\ntraining: {compression: zip}", "training.compression"),
+        ("name: x\nbudget: -1", "budget"),
+        ("name: x\ntraining: {model: {n_embd: 30, n_head: 4}}", "training.model"),
+        ("name: 'bad name!'", "name"),
+        ("resources: {workers: 2}", "name: Field required"),
+        ("name: x\nmax_price_per_hour: cheap", "max_price_per_hour"),
+    ],
+)
+def test_bad_fields_are_named(yaml_text, named):
+    with pytest.raises(SpecError) as err:
+        job_spec_from_yaml(yaml_text)
+    assert named in err.value.message
+
+
+def test_malformed_yaml_and_non_mappings_are_refused(tmp_path):
+    with pytest.raises(SpecError, match="not valid YAML"):
+        job_spec_from_yaml("name: [unclosed")
+    with pytest.raises(SpecError, match="mapping"):
+        job_spec_from_yaml("- a list")
+    with pytest.raises(SpecError, match="cannot read"):
+        load_job_spec(tmp_path / "missing.yaml")

@@ -1,0 +1,36 @@
+import hashlib
+
+import pytest
+
+from gpuflex.errors import BadRequest, NotFound
+from gpuflex.storage import LocalBlobStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LocalBlobStore(tmp_path / "blobs")
+
+
+def test_put_then_get_by_hash(store):
+    digest = store.put(b"hello")
+    assert digest == hashlib.sha256(b"hello").hexdigest()
+    assert store.get(digest) == b"hello" and store.exists(digest)
+    assert store.put(b"hello") == digest  # idempotent
+
+
+def test_a_wrong_expected_hash_is_refused_and_nothing_is_stored(store):
+    wrong = hashlib.sha256(b"other").hexdigest()
+    with pytest.raises(BadRequest, match="hashes to"):
+        store.put(b"hello", expected=wrong)
+    assert not store.exists(hashlib.sha256(b"hello").hexdigest())
+
+
+@pytest.mark.parametrize("key", ["../../etc/passwd", "a" * 63, "A" * 64, "/" + "a" * 63, "g" * 64])
+def test_keys_that_are_not_sha256_never_reach_a_path(store, key):
+    with pytest.raises(BadRequest):
+        store.get(key)
+
+
+def test_missing_blob_is_not_found(store):
+    with pytest.raises(NotFound):
+        store.get("0" * 64)

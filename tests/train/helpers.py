@@ -1,0 +1,92 @@
+"""Shared pieces of the train tests: a tiny spec, a synthetic corpus, and a job run in threads."""
+
+from __future__ import annotations
+
+import random
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from gpuflex.protocol.messages import TaskConfig
+from gpuflex.protocol.spec import ModelSpec, TrainingSpec
+from gpuflex.train.task import run_task
+from gpuflex.train.transport import LocalTransport
+
+TINY_MODEL = ModelSpec(n_layer=1, n_head=2, n_embd=32, block_size=32)
+POLL = 0.005  # seconds between polls: tests wait on each other often
+
+
+def tiny_spec(**overrides: Any) -> TrainingSpec:
+    fields: dict[str, Any] = {
+        "rounds": 3,
+        "inner_steps": 12,
+        "batch_size": 8,
+        "lr": 3e-3,
+        "eval_batches": 2,
+        "round_timeout_s": 30,
+        "model": TINY_MODEL,
+    }
+    return TrainingSpec(**{**fields, **overrides})
+
+
+def synthetic_corpus(n_bytes: int = 40_000, seed: int = 0) -> bytes:
+    """Python-like lines from a small vocabulary: far from uniform bytes, so a model learns quickly."""
+    rng = random.Random(seed)
+    names = ["x", "y", "total", "items", "value", "self", "result", "count"]
+    lines = []
+    size = 0
+    while size < n_bytes:
+        a, b = rng.choice(names), rng.choice(names)
+        line = rng.choice(
+            [
+                f"def f_{a}({a}, {b}):",
+                f"    return {a} + {b}",
+                f"    {a} = {b} * {rng.randint(0, 99)}",
+                "",
+                "# note",
+            ]
+        )
+        lines.append(line)
+        size += len(line) + 1
+    return "\n".join(lines).encode()[:n_bytes]
+
+
+def task_config(
+    spec: TrainingSpec, dataset: str, role: str, index: int = 0, num_workers: int = 2
+) -> TaskConfig:
+    return TaskConfig(
+        job_id="job-1",
+        task_id=f"{role}-{index}",
+        role=role,
+        worker_index=index,
+        num_workers=num_workers,
+        training=spec,
+        dataset=dataset,
+    )
+
+
+class ThreadedJob:
+    """Tasks of one job running in threads over one LocalTransport; ``stop`` ends them all."""
+
+    def __init__(self, transport: LocalTransport, spec: TrainingSpec, dataset: str, num_workers: int = 2):
+        self.transport = transport
+        self.spec = spec
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.stopping = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=8)
+
+    def start(self, role: str, index: int = 0) -> Future[dict[str, Any]]:
+        config = task_config(self.spec, self.dataset, role, index, self.num_workers)
+        view = self.transport.for_task(config.task_id)
+        return self.pool.submit(run_task, config, view, self.stopping.is_set, poll_interval_s=POLL)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.pool.shutdown(wait=True)
+
+    def __enter__(self) -> ThreadedJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,95 @@
+"""The aggregator's arithmetic and screening, driven by hand-made contributions."""
+
+import threading
+
+import pytest
+import torch
+
+from gpuflex.protocol.messages import ContributionSubmit
+from gpuflex.train.aggregator import evaluate, run_aggregator
+from gpuflex.train.checkpoint import bytes_to_state, sha256
+from gpuflex.train.compression import get_compressor
+from gpuflex.train.data import ByteDataset, validation_batches
+from gpuflex.train.recipes import build_model
+from gpuflex.train.transport import LocalTransport
+
+from .helpers import POLL, task_config, tiny_spec
+
+
+def _start(spec, corpus: bytes, live_workers: int) -> tuple[LocalTransport, threading.Thread, list]:
+    """An aggregator running in a thread over a fresh transport, once round 0 is out."""
+    transport = LocalTransport(spec.rounds, live_workers)
+    config = task_config(spec, transport.put_blob(corpus), "aggregator")
+    out: list = []
+    thread = threading.Thread(
+        target=lambda: out.append(run_aggregator(config, transport, poll_interval_s=POLL))
+    )
+    thread.start()
+    while transport.latest_round() is None:
+        thread.join(POLL)
+    return transport, thread, out
+
+
+def _contribute(transport: LocalTransport, task: str, delta: dict, tokens: int, codec: str, loss=1.0) -> None:
+    blob = get_compressor(codec).compress(delta)
+    view = transport.for_task(task)
+    submit = ContributionSubmit(round=0, delta=view.put_blob(blob), tokens=tokens, steps=1, train_loss=loss)
+    assert view.submit_contribution(submit)
+
+
+def _params(spec) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in build_model(spec).named_parameters()}
+
+
+def test_outer_step_is_nesterov_sgd_on_the_token_weighted_mean(corpus):
+    spec = tiny_spec(rounds=1, compression="none")
+    transport, thread, _ = _start(spec, corpus, live_workers=2)
+    theta0 = _params(spec)
+    _contribute(
+        transport, "w0", {n: torch.full_like(p, 0.01) for n, p in theta0.items()}, 100, "none", loss=2.0
+    )
+    _contribute(
+        transport, "w1", {n: torch.full_like(p, 0.05) for n, p in theta0.items()}, 300, "none", loss=4.0
+    )
+    thread.join(30)
+    published = transport.history()[1]
+    theta1 = bytes_to_state(transport.get_blob(published.model))
+    mean = (0.01 * 100 + 0.05 * 300) / 400
+    step = spec.outer_lr * (1 + spec.outer_momentum) * mean  # Nesterov's first step: g + μ·(buffer = g)
+    for name, p in theta0.items():
+        torch.testing.assert_close(theta1[name], p - step, rtol=0, atol=1e-6)
+    assert published.contributions == 2
+    assert published.train_loss == pytest.approx((2.0 * 100 + 4.0 * 300) / 400)
+
+
+def test_unusable_contributions_are_skipped(corpus):
+    spec = tiny_spec(rounds=1, round_timeout_s=0.3)
+    transport, thread, out = _start(spec, corpus, live_workers=4)
+    theta0 = _params(spec)
+    zeros = {n: torch.zeros_like(p) for n, p in theta0.items()}
+    misshapen = {**zeros, "transformer.wte.weight": torch.zeros(3, 3)}
+    _contribute(transport, "garbage", {"x": torch.ones(3)}, 10, "int8")
+    _contribute(
+        transport, "poisoned", {n: torch.full_like(p, float("nan")) for n, p in theta0.items()}, 10, "int8"
+    )
+    _contribute(transport, "misshapen", misshapen, 10, "int8")
+    _contribute(transport, "good", zeros, 10, "int8")
+    thread.join(30)
+    history = transport.history()
+    assert history[1].contributions == 1 and out[0].contributions == 1
+    assert history[1].model == history[0].model  # a zero step leaves the model, so its blob, unchanged
+    rejected = {m.split(":")[0] for _, m in transport.logs() if m.startswith("rejected")}
+    assert rejected == {f"rejected contribution of task {t}" for t in ("garbage", "poisoned", "misshapen")}
+
+
+def test_round_zero_is_the_seeded_model_with_its_validation_loss(corpus):
+    spec = tiny_spec(rounds=1)
+    transport, thread, _ = _start(spec, corpus, live_workers=1)
+    model = build_model(spec)
+    val = validation_batches(ByteDataset(corpus, 32).val, spec.eval_batches, spec.batch_size, 32)
+    round0 = transport.history()[0]
+    assert round0.val_loss == pytest.approx(evaluate(model, val))
+    assert sha256(transport.get_blob(round0.model)) == round0.model
+    _contribute(transport, "w0", {n: torch.zeros_like(p) for n, p in _params(spec).items()}, 1, "int8")
+    thread.join(30)
+    assert transport.latest_round().finished

@@ -1,0 +1,124 @@
+"""The Transport contract, run over every implementation (only LocalTransport so far)."""
+
+from collections.abc import Callable
+
+import pytest
+
+from gpuflex.errors import BadRequest, Conflict, NotFound, ServiceError
+from gpuflex.protocol.messages import ContributionSubmit, RoundPublish
+from gpuflex.train.checkpoint import sha256
+from gpuflex.train.transport import LocalTransport, fetch_verified, wait_for_round
+
+Factory = Callable[[int, int], LocalTransport]  # (rounds, live_workers) -> transport
+
+
+@pytest.fixture(params=["local"])
+def make(request) -> Factory:
+    return lambda rounds, live_workers: LocalTransport(rounds, live_workers)
+
+
+def _publish(t: LocalTransport, round: int) -> str:
+    digest = t.put_blob(f"model {round}".encode())
+    t.publish_round(RoundPublish(round=round, model=digest))
+    return digest
+
+
+def _submit(t: LocalTransport, round: int, payload: bytes = b"delta") -> bool:
+    digest = t.put_blob(payload)
+    return t.submit_contribution(
+        ContributionSubmit(round=round, delta=digest, tokens=10, steps=1, train_loss=1.0)
+    )
+
+
+def test_blobs_are_content_addressed(make: Factory):
+    t = make(2, 1)
+    digest = t.put_blob(b"hello")
+    assert digest == sha256(b"hello")
+    assert t.get_blob(digest) == b"hello"
+    assert fetch_verified(t, digest) == b"hello"
+    with pytest.raises(NotFound):
+        t.get_blob(sha256(b"never stored"))
+
+
+def test_rounds_publish_in_order_and_finish(make: Factory):
+    t = make(2, 1)
+    assert t.latest_round() is None
+    with pytest.raises(Conflict):
+        _publish(t, 1)
+    model0 = _publish(t, 0)
+    assert t.latest_round().model_dump() == {"round": 0, "model": model0, "finished": False}
+    with pytest.raises(Conflict):
+        _publish(t, 0)
+    with pytest.raises(BadRequest, match="never uploaded"):
+        t.publish_round(RoundPublish(round=1, model=sha256(b"missing")))
+    _publish(t, 1)
+    _publish(t, 2)
+    assert t.latest_round().finished
+    with pytest.raises(Conflict):
+        _publish(t, 3)
+
+
+def test_a_closed_round_refuses_contributions(make: Factory):
+    t = make(3, 2)
+    with pytest.raises(Conflict, match="not started"):
+        _submit(t, 0)
+    _publish(t, 0)
+    assert _submit(t.for_task("w0"), 0)
+    _publish(t, 1)
+    assert _submit(t.for_task("w1"), 0) is False  # stale: round 0 closed when round 1 was published
+    assert [c.task_id for c in t.contributions(0).contributions] == ["w0"]
+    assert _submit(t.for_task("w1"), 1)
+    with pytest.raises(Conflict):
+        _submit(t, 2)
+    _publish(t, 2)
+    _publish(t, 3)
+    assert _submit(t.for_task("w1"), 3) is False  # the job has finished
+
+
+def test_contributions_are_per_task_and_a_resubmission_replaces(make: Factory):
+    t = make(3, 2)
+    _publish(t, 0)
+    assert _submit(t.for_task("w0"), 0, b"first")
+    assert _submit(t.for_task("w1"), 0, b"other")
+    assert _submit(t.for_task("w0"), 0, b"second")
+    listing = t.contributions(0)
+    assert listing.live_workers == 2
+    by_task = {c.task_id: c.delta for c in listing.contributions}
+    assert by_task == {"w0": sha256(b"second"), "w1": sha256(b"other")}
+    with pytest.raises(BadRequest, match="never uploaded"):
+        t.submit_contribution(
+            ContributionSubmit(round=0, delta=sha256(b"nothing"), tokens=1, steps=1, train_loss=0.0)
+        )
+    t.set_live_workers(1)
+    assert t.contributions(0).live_workers == 1
+    assert t.contributions(5).contributions == []
+
+
+def test_logs_are_attributed_and_echoed():
+    lines: list[str] = []
+    t = LocalTransport(1, 1, echo=lines.append)
+    t.for_task("w3").log("hello")
+    assert t.logs() == [("w3", "hello")]
+    assert lines == ["[w3] hello"]
+
+
+def test_fetch_verified_refuses_corrupted_bytes():
+    class Corrupting(LocalTransport):
+        def get_blob(self, digest: str) -> bytes:
+            return super().get_blob(digest) + b"!"
+
+    t = Corrupting(1, 1)
+    digest = t.put_blob(b"model")
+    with pytest.raises(ServiceError, match="corrupted"):
+        fetch_verified(t, digest)
+
+
+def test_wait_for_round_returns_newer_or_finished_or_none_when_stopped(make: Factory):
+    t = make(1, 1)
+    assert wait_for_round(t, -1, 0.001, should_stop=lambda: True) is None
+    _publish(t, 0)
+    assert wait_for_round(t, -1, 0.001, should_stop=lambda: False).round == 0
+    calls = iter(range(3))
+    assert wait_for_round(t, 0, 0.001, should_stop=lambda: next(calls) >= 2) is None
+    _publish(t, 1)
+    assert wait_for_round(t, 5, 0.001, should_stop=lambda: False).finished

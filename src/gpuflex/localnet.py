@@ -100,6 +100,8 @@ class LocalNetwork:
             self.url,
             "--data-dir",
             str(self.root / "agents" / name),
+            "--threads",
+            "1",  # every process shares this one machine
             *(["--core"] if core else []),
             *(extra or []),
         ]

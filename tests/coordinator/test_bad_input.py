@@ -33,11 +33,15 @@ def test_consumer_endpoints_need_a_valid_api_token(coordinator, header):
 def test_malformed_json_wrong_types_and_unknown_fields_are_422(coordinator):
     alice = coordinator.consumer("alice", deposit=5)
     auth = alice.http._http.headers
-    code, _ = _status(coordinator.http.post("/v1/wallet/deposit", content=b"{not json", headers=auth))
-    assert code == 422
+    as_json = {**auth, "Content-Type": "application/json"}
+    code, detail = _status(coordinator.http.post("/v1/wallet/deposit", content=b"{not json", headers=as_json))
+    assert code == 422 and "JSON" in detail
     code, detail = _status(coordinator.http.post("/v1/wallet/deposit", json={"amount": "lots"}, headers=auth))
     assert code == 422 and "amount" in detail
     code, detail = _status(coordinator.http.post("/v1/wallet/deposit", json={"amount": -3}, headers=auth))
+    assert code == 422 and "amount" in detail
+    nan = b'{"amount": NaN}'
+    code, detail = _status(coordinator.http.post("/v1/wallet/deposit", content=nan, headers=as_json))
     assert code == 422 and "amount" in detail
     dataset = alice.upload(b"x" * 1000)
     body = {"spec": {"name": "j", "training": {"roundz": 2}}, "dataset": dataset}

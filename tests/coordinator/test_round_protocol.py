@@ -118,6 +118,31 @@ def test_an_expired_lease_is_re_leased_with_a_higher_epoch_and_stale_reports_cha
     assert "missed its lease" in events
 
 
+def test_a_replacement_workers_contribution_replaces_its_lost_predecessors(coordinator):
+    _, core, community, _ = _network(coordinator, workers=1)
+    aggregator_grant = core.lease()
+    agg = coordinator.task(aggregator_grant)
+    agg.publish_round(m.RoundPublish(round=0, model=agg.put_blob(b"model-0")))
+    first = coordinator.task(community[0].lease())
+    delta = first.put_blob(b"first")
+    for _ in range(2):  # a retried submission is accepted again, not a conflict
+        assert first.submit_contribution(
+            m.ContributionSubmit(round=0, delta=delta, tokens=1, steps=1, train_loss=3)
+        )
+    spare = coordinator.node("spare", price=0.2)
+    coordinator.clock.advance(20)
+    core.heartbeat([m.LeaseHeld(lease_id=aggregator_grant.lease_id, epoch=aggregator_grant.epoch)])
+    spare.heartbeat([])
+    reap_once(coordinator.ctx)
+    second = coordinator.task(spare.lease())
+    redo = second.put_blob(b"second")
+    assert second.submit_contribution(
+        m.ContributionSubmit(round=0, delta=redo, tokens=2, steps=2, train_loss=2)
+    )
+    (only,) = agg.contributions(0).contributions
+    assert (only.delta, only.node_id, only.tokens) == (redo, spare.key.node_id, 2)
+
+
 def test_a_report_with_a_stale_epoch_is_refused(coordinator):
     _, core, community, _ = _network(coordinator, workers=1)
     grant = community[0].lease()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpuflex.agent.benchmark import run_benchmark
@@ -35,7 +35,7 @@ class AgentConfig:
     kind: m.NodeKind = "community"
     core_token: str | None = None
     region: str = "local"
-    task_threads: int = 1
+    task_threads: int = 0  # 0: torch's default (every core); the local network uses 1 per task
     lease_poll_s: float = 1.0
     benchmark_s: float = 1.5
     limits: Limits = field(default_factory=Limits)
@@ -50,6 +50,7 @@ class RunningTask:
 class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
+        self.limits = config.limits
         self.key = NodeKey.load_or_create(config.data_dir / "node.key")
         self.client = NodeClient(config.coordinator_url, self.key)
         self.stopping = threading.Event()
@@ -60,6 +61,9 @@ class Agent:
     def register(self) -> m.NodeRegistered:
         """Probe, benchmark and register; retried until the coordinator answers or we are stopped."""
         hardware = probe_hardware()
+        if hardware.device == "cuda" and self.limits.memory_mb is not None:
+            log.info("GPU present: tasks get no address-space limit (the CUDA driver reserves tens of GB)")
+            self.limits = replace(self.limits, memory_mb=None)
         bench = run_benchmark(hardware.device, budget_s=self.config.benchmark_s)
         msg = m.NodeRegister(
             name=self.config.name,
@@ -138,7 +142,7 @@ class Agent:
                 "GPUFLEX_TASK_TOKEN": grant.task_token,
                 "GPUFLEX_TASK_THREADS": str(self.config.task_threads),
             },
-            limits=self.config.limits,
+            limits=self.limits,
             log_path=workdir / "task.log",
         )
         self.task = RunningTask(grant, process)

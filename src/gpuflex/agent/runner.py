@@ -22,7 +22,8 @@ def main(argv: list[str]) -> int:
     from gpuflex.train.task import run_task
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    torch.set_num_threads(int(os.environ.get("GPUFLEX_TASK_THREADS", "1")))
+    if threads := int(os.environ.get("GPUFLEX_TASK_THREADS", "0")):
+        torch.set_num_threads(threads)
     stop = {"requested": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
     config = TaskConfig.model_validate_json(Path(argv[0]).read_text())

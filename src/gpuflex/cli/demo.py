@@ -60,7 +60,7 @@ def demo(
     started = time.monotonic()
     with LocalNetwork(data_dir) as net:
         url = net.start_coordinator()
-        console.print(f"coordinator at {url}, SQLite database in {data_dir / 'coordinator'}")
+        console.print(f"coordinator: {url} (SQLite in {data_dir / 'coordinator'})")
         for name, price, core in PROVIDERS:
             net.start_agent(name, price=price, core=core, extra=["--core-token", CORE_TOKEN] if core else [])
         client = Client(url, Client(url).create_account("demo").token)

@@ -28,7 +28,7 @@ def start(
         str | None, typer.Option(envvar="GPUFLEX_CORE_TOKEN", help="operator's core token")
     ] = None,
     region: Annotated[str, typer.Option(help="region label")] = "local",
-    threads: Annotated[int, typer.Option(help="CPU threads a task may use")] = 1,
+    threads: Annotated[int, typer.Option(help="CPU threads a task may use; 0: all")] = 0,
     memory_mb: Annotated[int, typer.Option(help="address-space limit of a task (MB)")] = 8192,
 ) -> None:
     """Run the provider agent until SIGTERM / Ctrl-C; a running task is handed back on the way out."""

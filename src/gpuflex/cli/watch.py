@@ -18,9 +18,10 @@ def _loss(x: float | None) -> str:
 
 
 def _describe(job: JobInfo) -> str:
+    state = "" if job.state == "running" else f"{job.state} "
     return (
-        f"{job.state:<9} train {_loss(job.train_loss)}  val {_loss(job.val_loss)}  "
-        f"workers {job.live_workers}  spent {job.spent:.6f} cr"
+        f"{state}loss {_loss(job.train_loss)}/{_loss(job.val_loss)} (train/val) "
+        f"{job.live_workers} workers {job.spent:.5f} cr"
     )
 
 
@@ -33,7 +34,7 @@ def watch_job(
     columns = (
         TextColumn("[bold]round"),
         MofNCompleteColumn(),
-        BarColumn(),
+        BarColumn(bar_width=16),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
     )

@@ -139,7 +139,7 @@ class Contribution(Base):
     delta: Mapped[str] = mapped_column(String(64))
     tokens: Mapped[int] = mapped_column(BigInteger)
     steps: Mapped[int] = mapped_column(Integer)
-    train_loss: Mapped[float] = mapped_column(Float)
+    train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
 
 

@@ -6,10 +6,11 @@ integer micro-credits so an auditor can re-add them exactly. New fields get defa
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from gpuflex.protocol.spec import JobSpec, TrainingSpec
 
@@ -23,8 +24,17 @@ TaskState = Literal["pending", "leased", "completed", "failed", "cancelled"]
 LeaseOutcome = Literal["completed", "failed", "released"]
 
 
+def _finite_or_none(value: object) -> object:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+# A reported loss; a diverged one (NaN, inf) is "unknown" rather than a value JSON cannot carry.
+Loss = Annotated[float | None, BeforeValidator(_finite_or_none)]
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Every other float must be finite: NaN and inf are refused with a 422 naming the field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # -- accounts and wallet ------------------------------------------------------------------
@@ -164,9 +174,9 @@ class JobInfo(Message):
     budget: float
     spent: float
     live_workers: int
-    initial_val_loss: float | None = None
-    val_loss: float | None = None
-    train_loss: float | None = None
+    initial_val_loss: Loss = None
+    val_loss: Loss = None
+    train_loss: Loss = None
     checkpoint: Sha256 | None = None
     reason: str = ""
 
@@ -184,8 +194,8 @@ class TaskInfo(Message):
 class RoundInfo(Message):
     round: int
     model: Sha256
-    val_loss: float | None
-    train_loss: float | None
+    val_loss: Loss
+    train_loss: Loss
     contributions: int
     published_at: datetime
 
@@ -226,7 +236,7 @@ class ContributionSubmit(Message):
     delta: Sha256 = Field(description="blob of the compressed pseudo-gradient")
     tokens: Annotated[int, Field(ge=0)]
     steps: Annotated[int, Field(ge=0)]
-    train_loss: float
+    train_loss: Loss
 
 
 class Contribution(Message):
@@ -235,7 +245,7 @@ class Contribution(Message):
     delta: Sha256
     tokens: int
     steps: int
-    train_loss: float
+    train_loss: Loss
 
 
 class ContributionList(Message):
@@ -247,8 +257,8 @@ class ContributionList(Message):
 class RoundPublish(Message):
     round: Annotated[int, Field(ge=0)]
     model: Sha256
-    val_loss: float | None = None
-    train_loss: float | None = None
+    val_loss: Loss = None
+    train_loss: Loss = None
     contributions: int = 0
 
 

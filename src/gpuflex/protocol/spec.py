@@ -25,7 +25,7 @@ Recipe = Literal["char-gpt"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Resources(_Strict):

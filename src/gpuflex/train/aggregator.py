@@ -96,8 +96,9 @@ def _publish(
 ) -> None:
     """Evaluate ``model``, upload it and publish it as ``round``, recording it in ``summary``."""
     val_loss = evaluate(model, val)
-    tokens = sum(c.tokens for c in used)
-    train_loss = sum(c.train_loss * c.tokens for c in used) / tokens if tokens else None
+    known = [c for c in used if c.train_loss is not None]
+    tokens = sum(c.tokens for c in known)
+    train_loss = sum(c.train_loss * c.tokens for c in known) / tokens if tokens else None
     digest = transport.put_blob(state_to_bytes(model.state_dict()))
     publish = RoundPublish(
         round=round, model=digest, val_loss=val_loss, train_loss=train_loss, contributions=len(used)

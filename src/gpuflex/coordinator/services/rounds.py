@@ -8,7 +8,6 @@ contribution is turned away, not lost silently). Publishing round ``rounds`` com
 from __future__ import annotations
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Round, Task
@@ -38,7 +37,10 @@ def latest(session: Session, lease: Lease) -> m.RoundState | None:
 def contribute(
     session: Session, lease: Lease, msg: m.ContributionSubmit, blobs: BlobStore, now: float
 ) -> bool:
-    """Record a worker's pseudo-gradient for the open round; False if that round has closed."""
+    """Record a worker's pseudo-gradient for the open round; False if that round has closed.
+
+    One contribution per task and round: a second one from the task's live lease replaces the first.
+    """
     task = _require_role(session, lease, "worker")
     job = session.get(Job, lease.job_id)
     if job.state not in jobs.OPEN_JOB_STATES or msg.round < job.round:
@@ -47,24 +49,30 @@ def contribute(
         raise Conflict(f"round {msg.round} is not open; the newest is {job.round}")
     if not blobs.exists(msg.delta):
         raise BadRequest(f"blob {msg.delta} is not in the blob store: upload it first")
-    try:
-        with session.begin_nested():
-            session.add(
-                Contribution(
-                    job_id=job.id,
-                    round=msg.round,
-                    task_id=task.id,
-                    lease_id=lease.id,
-                    node_id=lease.node_id,
-                    delta=msg.delta,
-                    tokens=msg.tokens,
-                    steps=msg.steps,
-                    train_loss=msg.train_loss,
-                    created_at=now,
-                )
-            )
-    except IntegrityError:
-        raise Conflict(f"worker {task.index} has already contributed to round {msg.round}") from None
+    previous = session.scalars(
+        select(Contribution).where(
+            Contribution.job_id == job.id, Contribution.round == msg.round, Contribution.task_id == task.id
+        )
+    ).first()
+    if previous is not None:
+        # The task's live lease speaks for it (older holders are fenced out by their tokens): a retry,
+        # or a replacement node's work after the first holder was lost, replaces what was there.
+        session.delete(previous)
+        session.flush()
+    session.add(
+        Contribution(
+            job_id=job.id,
+            round=msg.round,
+            task_id=task.id,
+            lease_id=lease.id,
+            node_id=lease.node_id,
+            delta=msg.delta,
+            tokens=msg.tokens,
+            steps=msg.steps,
+            train_loss=msg.train_loss,
+            created_at=now,
+        )
+    )
     return True
 
 

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-22 02:08:23.332775
+Create Date: 2026-11-22 02:19:54.383105
 """
 
 import sqlalchemy as sa
@@ -204,7 +204,7 @@ def upgrade() -> None:
         sa.Column("delta", sa.String(length=64), nullable=False),
         sa.Column("tokens", sa.BigInteger(), nullable=False),
         sa.Column("steps", sa.Integer(), nullable=False),
-        sa.Column("train_loss", sa.Float(), nullable=False),
+        sa.Column("train_loss", sa.Float(), nullable=True),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.ForeignKeyConstraint(
             ["job_id"],

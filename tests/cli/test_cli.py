@@ -75,7 +75,8 @@ def test_a_missing_token_says_how_to_get_one(tmp_path):
 
 
 def test_ledger_verify_reports_a_tampered_export(tmp_path):
-    from gpuflex.ledger.journal import entry_to_dict, make_entry
+    from gpuflex.ledger.export import to_export
+    from gpuflex.ledger.journal import make_entry
 
     first = make_entry(
         None,
@@ -84,8 +85,7 @@ def test_ledger_verify_reports_a_tampered_export(tmp_path):
         memo="d",
         postings=(("world", -5), ("consumer:a", 5)),
     )
-    entry = entry_to_dict(first)
-    export = {"entries": [{**entry, "postings": [{"account": a, "amount": n} for a, n in entry["postings"]]}]}
+    export = to_export([first]).model_dump()
     good = tmp_path / "good.json"
     good.write_text(__import__("json").dumps(export))
     ok = _gpuflex("ledger", "verify", "--from", str(good))

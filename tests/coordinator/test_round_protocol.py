@@ -5,7 +5,8 @@ import pytest
 from gpuflex.coordinator.app import reap_once
 from gpuflex.errors import Conflict, Forbidden
 from gpuflex.ledger import accounts
-from gpuflex.ledger.journal import Entry, balances, verify_chain
+from gpuflex.ledger.export import from_export
+from gpuflex.ledger.journal import balances, verify_chain
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 
@@ -20,15 +21,6 @@ def _spec(workers=2, rounds=2, budget=1.0, max_price=0.5) -> JobSpec:
             "training": {"rounds": rounds},
         }
     )
-
-
-def _journal(client) -> list[Entry]:
-    return [
-        Entry(
-            e.seq, e.at, e.kind, e.memo, tuple((p.account, p.amount) for p in e.postings), e.prev_hash, e.hash
-        )
-        for e in client.ledger().entries
-    ]
 
 
 def _network(coordinator, workers=2):
@@ -84,7 +76,7 @@ def test_a_whole_job_through_rounds_settles_and_conserves_money(coordinator):
     assert final.state == "completed" and workers[0].latest_round().finished
     assert (final.initial_val_loss, final.val_loss) == (5.5, 4.0)
     assert alice.checkpoint(job.id) == b"model-2"
-    journal = _journal(alice)
+    journal = from_export(alice.ledger())
     assert verify_chain(journal).ok
     totals = balances(journal)
     assert sum(totals.values()) == 0
@@ -199,6 +191,6 @@ def test_a_job_that_spends_its_budget_is_stopped(coordinator):
     reap_once(coordinator.ctx)
     final = alice.job(job.id)
     assert final.state == "failed" and final.reason == "budget spent"
-    assert verify_chain(_journal(alice)).ok
+    assert verify_chain(from_export(alice.ledger())).ok
     assert alice.balance().balance == pytest.approx(10 - final.spent)
     assert final.spent == pytest.approx(0.0002)  # charged the whole budget, not the overshoot

@@ -10,7 +10,8 @@ import pytest
 
 from gpuflex.client import Client
 from gpuflex.ledger import accounts
-from gpuflex.ledger.journal import Entry, balances, verify_chain
+from gpuflex.ledger.export import from_export
+from gpuflex.ledger.journal import balances, verify_chain
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.protocol.spec import JobSpec
 
@@ -78,17 +79,8 @@ def _submit(client: Client, spec: JobSpec, tmp_path) -> str:
     return client.submit(spec, upload_dataset(client, spec)).id
 
 
-def _journal(client: Client) -> list[Entry]:
-    return [
-        Entry(
-            e.seq, e.at, e.kind, e.memo, tuple((p.account, p.amount) for p in e.postings), e.prev_hash, e.hash
-        )
-        for e in client.ledger().entries
-    ]
-
-
 def _check_money(client: Client, job_id: str, deposit: float = 5.0) -> None:
-    journal = _journal(client)
+    journal = from_export(client.ledger())
     report = verify_chain(journal)
     assert report.ok, report.problem
     totals = balances(journal)

@@ -1,26 +1,26 @@
 import dataclasses
 import hashlib
-import json
 import re
 from datetime import UTC
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from gpuflex.errors import BadRequest, InsufficientFunds
 from gpuflex.ledger.accounts import PLATFORM_FEES, WORLD, consumer, escrow, provider
+from gpuflex.ledger.export import from_export, to_export, verify_export
 from gpuflex.ledger.journal import (
     GENESIS_HASH,
     Entry,
     balances,
     check_funds,
-    entry_from_dict,
     entry_hash,
-    entry_to_dict,
     make_entry,
     verify_chain,
 )
+from gpuflex.protocol.messages import LedgerExport
 
 AT = "2025-01-01T00:00:00+00:00"
 INSIDE = [consumer("a"), consumer("b"), provider("n1"), provider("n2"), escrow("j1"), PLATFORM_FEES]
@@ -74,9 +74,10 @@ def test_valid_transfers_verify_and_sum_to_zero(entries):
 
 
 @given(chains())
-def test_json_round_trip(entries):
-    exported = json.loads(json.dumps([entry_to_dict(e) for e in entries]))
-    assert [entry_from_dict(d) for d in exported] == entries
+def test_export_round_trip_through_json(entries):
+    exported = LedgerExport.model_validate_json(to_export(entries).model_dump_json())
+    assert from_export(exported) == entries
+    assert verify_export(exported).ok
 
 
 def _tamper(e: Entry, field: str, data) -> Entry:
@@ -213,9 +214,9 @@ def test_check_funds():
     bal = {consumer("a"): 10, WORLD: -10}
     check_funds(bal, [(consumer("a"), -10), (escrow("j"), 10)])
     check_funds(bal, [(WORLD, -(10**9)), (consumer("b"), 10**9)])
-    with pytest.raises(InsufficientFunds, match=r"consumer:a has 10 micro-credits, needs 11"):
+    with pytest.raises(InsufficientFunds, match=r"consumer:a holds 0\.000010 credits, needs 0\.000011"):
         check_funds(bal, [(consumer("a"), -11), (escrow("j"), 11)])
-    with pytest.raises(InsufficientFunds, match="consumer:b has 0"):
+    with pytest.raises(InsufficientFunds, match="consumer:b holds 0.000000"):
         check_funds(bal, [(consumer("b"), -1), (escrow("j"), 1)])
 
 
@@ -224,15 +225,16 @@ def test_check_funds():
     [
         lambda d: d.pop("hash"),
         lambda d: d.update(extra=1),
-        lambda d: d.update(seq="1"),
+        lambda d: d.update(seq="one"),
         lambda d: d.update(memo=3),
-        lambda d: d.update(postings=[["world", -1.0], ["a", 1.0]]),
-        lambda d: d.update(postings=[["world"]]),
+        lambda d: d.update(postings=[{"account": "world", "amount": -1.5}, {"account": "a", "amount": 1.5}]),
+        lambda d: d.update(postings=[{"account": "world"}]),
         lambda d: d.update(postings="world"),
     ],
 )
-def test_entry_from_dict_rejects(change):
-    d = entry_to_dict(make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), ("a", 5)]))
+def test_a_malformed_export_is_refused(change):
+    entry = make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), ("a", 5)])
+    d = to_export([entry]).model_dump()["entries"][0]
     change(d)
-    with pytest.raises(BadRequest):
-        entry_from_dict(d)
+    with pytest.raises(ValidationError):
+        LedgerExport.model_validate({"entries": [d]})

@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuflex.cli.jobs import upload_dataset
-from gpuflex.cli.ledger import check
 from gpuflex.cli.watch import watch_job
 from gpuflex.client import Client
 from gpuflex.errors import GPUFlexError, ServiceError
+from gpuflex.ledger.export import verify_export
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.protocol.spec import JobSpec, job_spec_from_yaml
 
@@ -101,7 +101,7 @@ def _report(client: Client, job_id: str, data_dir: Path, elapsed_s: float) -> No
     table.add_row("total", "", "", f"{sum(c.cost for c in job.costs):.6f}")
     console.print(table)
     console.print(f"wallet: {client.balance().balance:.6f} credits (10 deposited, unspent budget refunded)")
-    report = check(client.ledger())
+    report = verify_export(client.ledger())
     if not report.ok:
         raise GPUFlexError(f"ledger: chain BROKEN: {report.problem}")
     console.print(f"ledger: {report.entries} entries, chain verified")

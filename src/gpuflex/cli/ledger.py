@@ -11,27 +11,11 @@ from rich.console import Console
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.profile import consumer_client
 from gpuflex.errors import BadRequest, GPUFlexError
-from gpuflex.ledger.journal import ChainReport, Entry, verify_chain
+from gpuflex.ledger.export import verify_export
 from gpuflex.protocol.messages import LedgerExport
 
 ledger_app = typer.Typer(help="Audit the ledger.", no_args_is_help=True)
 console = Console()
-
-
-def check(export: LedgerExport) -> ChainReport:
-    entries = [
-        Entry(
-            seq=e.seq,
-            at=e.at,
-            kind=e.kind,
-            memo=e.memo,
-            prev_hash=e.prev_hash,
-            hash=e.hash,
-            postings=tuple((p.account, p.amount) for p in e.postings),
-        )
-        for e in export.entries
-    ]
-    return verify_chain(entries)
 
 
 def _load(source: str | None, url: str | None, token: str | None) -> LedgerExport:
@@ -63,7 +47,7 @@ def verify(
     token: Token = None,
 ) -> None:
     """Re-check every entry's hash, the chain, the balancing of postings and that no balance went negative."""
-    report = check(_load(source, url, token))
+    report = verify_export(_load(source, url, token))
     if not report.ok:
         raise GPUFlexError(f"ledger: {report.entries} entries, chain BROKEN: {report.problem}")
     console.print(f"ledger: {report.entries} entries, chain verified (head {report.head[:16]})")

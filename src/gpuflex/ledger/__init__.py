@@ -4,7 +4,8 @@ Money is integer micro-credits (``gpuflex.protocol.money``); nothing here does I
 clock, so the coordinator (which stores entries) and the simulator call the very same functions.
 
 - ``accounts``    account names (``consumer:<id>``, ``escrow:<job>``, ``world`` ...) and who may go negative
-- ``journal``     entries, their hash chain, validation, balances, verification, JSON export/import
+- ``journal``     entries, their hash chain, validation, balances, verification
+- ``export``      the journal on the wire (``LedgerExport``) and verifying an export offline
 - ``metering``    lease seconds x price -> micro-credits, rounded down
 - ``settlement``  one entry's postings that empty a job's escrow into providers, fees and refund
 """
@@ -16,9 +17,7 @@ from gpuflex.ledger.journal import (
     Entry,
     balances,
     check_funds,
-    entry_from_dict,
     entry_hash,
-    entry_to_dict,
     make_entry,
     verify_chain,
 )
@@ -34,9 +33,7 @@ __all__ = [
     "balances",
     "check_funds",
     "consumer",
-    "entry_from_dict",
     "entry_hash",
-    "entry_to_dict",
     "escrow",
     "lease_cost_micro",
     "make_entry",

@@ -17,10 +17,10 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from gpuflex.errors import BadRequest, InsufficientFunds
 from gpuflex.ledger.accounts import may_go_negative
+from gpuflex.protocol.money import to_credits
 
 GENESIS_HASH = "0" * 64
 
@@ -116,7 +116,10 @@ def check_funds(balances: Mapping[str, int], postings: Iterable[tuple[str, int]]
     for account in sorted(after):
         if after[account] < 0 and not may_go_negative(account):
             have = balances.get(account, 0)
-            raise InsufficientFunds(f"{account} has {have} micro-credits, needs {have - after[account]}")
+            need = have - after[account]
+            raise InsufficientFunds(
+                f"{account} holds {to_credits(have):.6f} credits, needs {to_credits(need):.6f}"
+            )
 
 
 def verify_chain(entries: Iterable[Entry], *, expected_head: str | None = None) -> ChainReport:
@@ -164,48 +167,3 @@ def balances(entries: Iterable[Entry]) -> dict[str, int]:
         for account, amount in e.postings:
             out[account] = out.get(account, 0) + amount
     return out
-
-
-_FIELDS = ("seq", "at", "kind", "memo", "postings", "prev_hash", "hash")
-
-
-def entry_to_dict(e: Entry) -> dict[str, Any]:
-    """JSON-ready form; amounts stay integers."""
-    return {
-        "seq": e.seq,
-        "at": e.at,
-        "kind": e.kind,
-        "memo": e.memo,
-        "postings": [[account, amount] for account, amount in e.postings],
-        "prev_hash": e.prev_hash,
-        "hash": e.hash,
-    }
-
-
-def entry_from_dict(d: Mapping[str, Any]) -> Entry:
-    """Parse an exported entry, checking shape and types only; ``verify_chain`` checks the content."""
-    if not isinstance(d, Mapping):
-        raise BadRequest("ledger entry must be a mapping")
-    missing, unknown = set(_FIELDS) - set(d), set(d) - set(_FIELDS)
-    if missing or unknown:
-        raise BadRequest(f"ledger entry: missing fields {sorted(missing)}, unknown fields {sorted(unknown)}")
-    if type(d["seq"]) is not int:
-        raise BadRequest(f"ledger entry: seq must be an integer, got {d['seq']!r}")
-    for name in ("at", "kind", "memo", "prev_hash", "hash"):
-        if not isinstance(d[name], str):
-            raise BadRequest(f"ledger entry {d['seq']}: {name} must be a string")
-    postings = d["postings"]
-    if not isinstance(postings, list) or not all(
-        isinstance(p, list | tuple) and len(p) == 2 and isinstance(p[0], str) and type(p[1]) is int
-        for p in postings
-    ):
-        raise BadRequest(f"ledger entry {d['seq']}: postings must be a list of [account, integer amount]")
-    return Entry(
-        seq=d["seq"],
-        at=d["at"],
-        kind=d["kind"],
-        memo=d["memo"],
-        postings=tuple((account, amount) for account, amount in postings),
-        prev_hash=d["prev_hash"],
-        hash=d["hash"],
-    )

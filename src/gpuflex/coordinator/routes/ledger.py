@@ -4,6 +4,7 @@ from fastapi import APIRouter, Query
 
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.services import ledger
+from gpuflex.ledger.export import to_export
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/ledger", tags=["ledger"])
@@ -13,17 +14,4 @@ router = APIRouter(prefix="/ledger", tags=["ledger"])
 def export(_account: Consumer, ctx: Ctx, after: int = Query(0, ge=0)) -> m.LedgerExport:
     with ctx.tx() as s:
         entries = ledger.entries(s, after_seq=after)
-    return m.LedgerExport(
-        entries=[
-            m.LedgerEntry(
-                seq=e.seq,
-                at=e.at,
-                kind=e.kind,
-                memo=e.memo,
-                prev_hash=e.prev_hash,
-                hash=e.hash,
-                postings=[m.Posting(account=a, amount=n) for a, n in e.postings],
-            )
-            for e in entries
-        ]
-    )
+    return to_export(entries)

@@ -14,9 +14,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import AccountBalance, JournalEntry
-from gpuflex.errors import InsufficientFunds
-from gpuflex.ledger import accounts
-from gpuflex.ledger.journal import Entry, make_entry
+from gpuflex.ledger.journal import Entry, check_funds, make_entry
 
 _JOURNAL_LOCK_KEY = 0x6770_7566  # "gpuf": one advisory lock serializes journal appends on PostgreSQL
 
@@ -38,6 +36,14 @@ def _lock_journal(session: Session) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _JOURNAL_LOCK_KEY})
 
 
+def _balance_row(session: Session, account: str) -> AccountBalance:
+    row = session.get(AccountBalance, account, with_for_update=True)
+    if row is None:
+        row = AccountBalance(account=account, balance=0)
+        session.add(row)
+    return row
+
+
 def balance(session: Session, account: str) -> int:
     row = session.get(AccountBalance, account)
     return row.balance if row else 0
@@ -53,16 +59,10 @@ def append(
     entry = make_entry(
         _to_entry(head) if head else None, at=at, kind=kind, memo=memo, postings=tuple(postings)
     )
+    rows = {account: _balance_row(session, account) for account, _ in entry.postings}
+    check_funds({account: row.balance for account, row in rows.items()}, entry.postings)
     for account, amount in entry.postings:
-        row = session.get(AccountBalance, account, with_for_update=True)
-        if row is None:
-            row = AccountBalance(account=account, balance=0)
-            session.add(row)
-        if row.balance + amount < 0 and not accounts.may_go_negative(account):
-            raise InsufficientFunds(
-                f"{account} holds {row.balance / 1e6:.6f} credits, {-amount / 1e6:.6f} needed"
-            )
-        row.balance += amount
+        rows[account].balance += amount
     session.add(
         JournalEntry(
             seq=entry.seq,

@@ -156,3 +156,9 @@ def test_cancel_twice_is_a_conflict(coordinator):
     with pytest.raises(Conflict, match="already ended"):
         alice.cancel(job.id)
     assert alice.balance().balance == 5
+
+
+def test_the_api_documents_itself(coordinator):
+    assert coordinator.http.get("/docs").status_code == 200
+    paths = coordinator.http.get("/openapi.json").json()["paths"]
+    assert {"/v1/jobs", "/v1/nodes/register", "/v1/blobs/{digest}", "/v1/ledger/export"} <= set(paths)

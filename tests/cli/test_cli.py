@@ -96,3 +96,12 @@ def test_ledger_verify_reports_a_tampered_export(tmp_path):
     bad.write_text(__import__("json").dumps(export))
     broken = _gpuflex("ledger", "verify", "--from", str(bad))
     assert broken.returncode == 1 and "BROKEN" in broken.stderr and "seq 1" in broken.stderr
+
+
+def test_the_demo_never_wipes_a_directory_it_did_not_make(tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    result = _gpuflex("demo", "--data-dir", str(precious))
+    assert result.returncode == 1 and "was not made by `gpuflex demo`" in result.stderr
+    assert (precious / "thesis.tex").read_text() == "years of work"

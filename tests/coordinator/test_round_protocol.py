@@ -194,3 +194,49 @@ def test_a_job_that_spends_its_budget_is_stopped(coordinator):
     assert verify_chain(from_export(alice.ledger())).ok
     assert alice.balance().balance == pytest.approx(10 - final.spent)
     assert final.spent == pytest.approx(0.0002)  # charged the whole budget, not the overshoot
+
+
+def test_a_task_placed_on_a_node_that_vanishes_before_leasing_is_placed_again(coordinator):
+    alice = coordinator.consumer("alice", deposit=10)
+    core = coordinator.node("core", core=True, price=0.4)
+    cheap = coordinator.node("cheap", price=0.1)
+    job = alice.submit(_spec(workers=1), alice.upload(b"x" * 1000))
+    reap_once(coordinator.ctx)  # places the worker on the cheapest node
+    assert {t.node_id for t in alice.job(job.id).tasks if t.role == "worker"} == {cheap.key.node_id}
+    backup = coordinator.node("backup", price=0.3)
+    coordinator.clock.advance(7)  # "cheap" never leases and goes silent
+    for node in (core, backup):
+        node.heartbeat([])
+    reap_once(coordinator.ctx)
+    grant = backup.lease()
+    assert grant is not None and grant.role == "worker"
+
+
+def test_a_restarted_node_gets_its_old_lease_fenced_off_and_can_lease_again(coordinator):
+    _, _, community, _ = _network(coordinator, workers=1)
+    old = community[0].lease()
+    community[0].register(  # the agent restarted with the same key
+        m.NodeRegister(
+            name="c0",
+            public_key=community[0].key.public_key_hex,
+            price_per_hour=0.1,
+            hardware=m.HardwareProfile(cpu_model="test cpu", cpu_cores=2, ram_gb=4),
+            benchmark=m.BenchmarkResult(tflops_fp32=1, mem_bandwidth_gbps=10),
+        )
+    )
+    with pytest.raises(Conflict, match="has ended"):
+        coordinator.task(old).latest_round()
+    new = community[0].lease()
+    assert new is not None and new.task_id == old.task_id and new.epoch == old.epoch + 1
+
+
+def test_an_aggregator_of_a_job_cancelled_before_round_0_stops_at_once(coordinator):
+    from gpuflex.train.aggregator import run_aggregator
+
+    alice, core, _, job = _network(coordinator, workers=1)
+    grant = core.lease()
+    alice.cancel(job.id)
+    state = coordinator.task(grant).latest_round()
+    assert (state.finished, state.model) == (True, None)
+    summary = run_aggregator(grant.task, coordinator.task(grant), poll_interval_s=0.01)
+    assert summary.finished and summary.round == -1

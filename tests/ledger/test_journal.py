@@ -216,7 +216,7 @@ def test_check_funds():
     check_funds(bal, [(WORLD, -(10**9)), (consumer("b"), 10**9)])
     with pytest.raises(InsufficientFunds, match=r"consumer:a holds 0\.000010 credits, needs 0\.000011"):
         check_funds(bal, [(consumer("a"), -11), (escrow("j"), 11)])
-    with pytest.raises(InsufficientFunds, match="consumer:b holds 0.000000"):
+    with pytest.raises(InsufficientFunds, match=r"consumer:b holds 0\.000000"):
         check_funds(bal, [(consumer("b"), -1), (escrow("j"), 1)])
 
 

@@ -53,10 +53,7 @@ def serve(
     settings = _settings(data_dir, database_url)
     if migrate_first:
         upgrade(settings.sqlalchemy_url)
-    console.print(
-        f"core token (for `provider start --core`) in {settings.data_dir / 'core_token'}"
-        if not settings.core_token
-        else "core token from GPUFLEX_CORE_TOKEN"
-    )
     settings.resolved_core_token()
+    where = "GPUFLEX_CORE_TOKEN" if settings.core_token else settings.data_dir / "core_token"
+    console.print(f"serving on http://{host}:{port} (docs at /docs); core token in {where}")
     uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")

@@ -20,7 +20,7 @@ from rich.table import Table
 from gpuflex.cli.jobs import upload_dataset
 from gpuflex.cli.watch import watch_job
 from gpuflex.client import Client
-from gpuflex.errors import GPUFlexError, ServiceError
+from gpuflex.errors import BadRequest, GPUFlexError, ServiceError
 from gpuflex.ledger.export import verify_export
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.protocol.spec import JobSpec, job_spec_from_yaml
@@ -32,6 +32,21 @@ PROVIDERS = [
     ("community-2", 0.12, False),
     ("community-3", 0.15, False),
 ]
+
+
+MARKER = ".gpuflex-demo"  # marks a directory the demo made, so it only ever wipes its own
+
+
+def fresh_demo_dir(data_dir: Path) -> None:
+    """Empty the demo's directory from a previous run; refuse to touch any other directory."""
+    if data_dir.exists() and any(data_dir.iterdir()):
+        if not (data_dir / MARKER).exists():
+            raise BadRequest(
+                f"{data_dir} is not empty and was not made by `gpuflex demo`: choose another --data-dir"
+            )
+        shutil.rmtree(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / MARKER).touch()
 
 
 def builtin_spec() -> JobSpec:
@@ -53,7 +68,7 @@ def demo(
     rounds: Annotated[int | None, typer.Option(help="override the job's rounds")] = None,
 ) -> None:
     """Start a local network, train the built-in job on it, print results, and stop everything."""
-    shutil.rmtree(data_dir, ignore_errors=True)
+    fresh_demo_dir(data_dir)
     spec = builtin_spec()
     if rounds is not None:
         spec = spec.model_copy(update={"training": spec.training.model_copy(update={"rounds": rounds})})

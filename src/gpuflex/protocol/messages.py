@@ -227,7 +227,7 @@ class RoundState(Message):
     """The newest published global model of a job."""
 
     round: int
-    model: Sha256
+    model: Sha256 | None = Field(description="None only for a job that ended before round 0")
     finished: bool = False
 
 

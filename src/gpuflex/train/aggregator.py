@@ -62,6 +62,8 @@ def run_aggregator(
     val = validation_batches(dataset.val, spec.eval_batches, spec.batch_size, block)
     model = build_model(spec)
     summary = _start(model, val, transport)
+    if summary.finished:
+        return summary
     outer = torch.optim.SGD(model.parameters(), lr=spec.outer_lr, momentum=spec.outer_momentum, nesterov=True)
     gather = _Gatherer(transport, get_compressor(spec.compression), model, poll_interval_s, should_stop)
     for r in range(summary.round, spec.rounds):
@@ -81,9 +83,11 @@ def _start(model: nn.Module, val: list[Batch], transport: Transport) -> Aggregat
         summary = AggregatorSummary(start_round=0, round=0)
         _publish(model, val, transport, 0, [], summary)
         return summary
+    if latest.finished:
+        return AggregatorSummary(start_round=latest.round, round=latest.round, finished=True)
     load_into(model, fetch_verified(transport, latest.model))
     transport.log(f"resuming at round {latest.round}; outer momentum restarts from zero")
-    return AggregatorSummary(start_round=latest.round, round=latest.round, finished=latest.finished)
+    return AggregatorSummary(start_round=latest.round, round=latest.round)
 
 
 def _publish(

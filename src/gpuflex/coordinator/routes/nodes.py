@@ -14,12 +14,13 @@ router = APIRouter(prefix="/nodes", tags=["nodes"])
 
 @router.post("/register")
 async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.NodeRegistered:
-    """Join or re-join: signed with the very key being registered."""
+    """Join or re-join: signed with the very key being registered. Re-joining ends old leases."""
 
     def run() -> Node:
         with ctx.tx() as s:
             node_id = node_id_for(body.public_key)
             registry.check_signature(s, body.public_key, node_id, signed, ctx.settings, ctx.now())
+            leases.expire_for_node(s, node_id, ctx.now())
             return registry.register(s, body, ctx.settings, ctx.now())
 
     node = await run_in_threadpool(run)

@@ -133,6 +133,13 @@ def expire(session: Session, now: float) -> list[Lease]:
     return expired
 
 
+def expire_for_node(session: Session, node_id: str, now: float) -> None:
+    """A node that registers again has restarted and holds nothing: its old leases end now."""
+    for lease in session.scalars(select(Lease).where(Lease.node_id == node_id, Lease.state == "active")):
+        _end(lease, "expired", lease.renewed_at)
+        _return_task(session, lease, now, "restarted (registered again)")
+
+
 def end_for_job(session: Session, job: Job, now: float, task_state: str) -> None:
     """Close a finished job's live leases and tasks (the holders learn it on their next heartbeat)."""
     for lease in session.scalars(select(Lease).where(Lease.job_id == job.id, Lease.state == "active")):

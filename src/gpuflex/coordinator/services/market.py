@@ -7,11 +7,11 @@ task at a time: a node holding a live lease, or chosen for a pending task, is bu
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task
-from gpuflex.market.matching import NodeOffer, Requirements, place_aggregator, place_workers
+from gpuflex.market.matching import Choice, NodeOffer, Requirements, place_aggregator, place_workers
 from gpuflex.protocol.money import to_credits
 from gpuflex.protocol.spec import JobSpec
 
@@ -38,8 +38,20 @@ def busy_nodes(session: Session) -> set[str]:
     return {n for n in (*leased, *placed) if n}
 
 
+def unplace_from_gone_nodes(session: Session) -> None:
+    """A task placed on a node that went away before leasing it goes back to the market."""
+    gone = select(Node.id).where(Node.state != "online")
+    session.execute(
+        update(Task)
+        .where(Task.state == "pending", Task.node_id.in_(gone))
+        .values(node_id=None, placement="")
+        .execution_options(synchronize_session=False)
+    )
+
+
 def place_pending(session: Session, now: float) -> int:
     """Place every unplaced pending task on a free, qualifying node; returns how many were placed."""
+    unplace_from_gone_nodes(session)
     unplaced = list(
         session.scalars(
             select(Task)
@@ -61,8 +73,16 @@ def place_pending(session: Session, now: float) -> int:
     return placed
 
 
-def _place_job_tasks(session, job, req, tasks, offers, busy, now) -> int:
-    choices = []
+def _place_job_tasks(
+    session: Session,
+    job: Job,
+    req: Requirements,
+    tasks: list[Task],
+    offers: list[NodeOffer],
+    busy: set[str],
+    now: float,
+) -> int:
+    choices: list[tuple[Task, Choice]] = []
     for task in (t for t in tasks if t.role == "aggregator"):
         choice = place_aggregator(req, offers, exclude=busy)
         if choice:

@@ -60,7 +60,9 @@ def register(session: Session, msg: NodeRegister, settings: CoordinatorSettings,
     if msg.kind == "core" and msg.core_token != settings.resolved_core_token():
         raise Forbidden("registering a core node needs the operator's core token")
     node_id = node_id_for(msg.public_key)
-    node = session.get(Node, node_id) or Node(id=node_id, public_key=msg.public_key, registered_at=now)
+    node = session.get(Node, node_id) or Node(
+        id=node_id, public_key=msg.public_key, registered_at=now, heartbeats=0
+    )
     node.name = msg.name
     node.kind = msg.kind
     node.hardware = msg.hardware.model_dump()
@@ -71,7 +73,6 @@ def register(session: Session, msg: NodeRegister, settings: CoordinatorSettings,
     node.region = msg.region
     node.state = "online"
     node.last_heartbeat_at = now
-    node.heartbeats = node.heartbeats or 0
     session.add(node)
     session.flush()
     return node
@@ -79,7 +80,7 @@ def register(session: Session, msg: NodeRegister, settings: CoordinatorSettings,
 
 def beat(node: Node, now: float) -> None:
     node.last_heartbeat_at = now
-    node.heartbeats = (node.heartbeats or 0) + 1
+    node.heartbeats += 1
     node.state = "online"
 
 

@@ -29,7 +29,7 @@ def latest(session: Session, lease: Lease) -> m.RoundState | None:
     job = session.get(Job, lease.job_id)
     finished = job.state not in jobs.OPEN_JOB_STATES
     if job.round < 0:
-        return m.RoundState(round=-1, model="0" * 64, finished=True) if finished else None
+        return m.RoundState(round=-1, model=None, finished=True) if finished else None
     newest = session.get(Round, (job.id, job.round))
     return m.RoundState(round=job.round, model=newest.model, finished=finished)
 

@@ -24,6 +24,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: lint
+	scripts/ensure-chromium
 	$(BIN)/python -m pytest
 
 clean:

@@ -36,6 +36,10 @@ def test_every_documented_command_exists():
         ("job", "fetch"),
         ("offers",),
         ("ledger", "verify"),
+        ("job", "report"),
+        ("job", "watch"),
+        ("provider", "dashboard"),
+        ("train", "local"),
     }
     assert expected <= set(ALL_COMMANDS)
 

@@ -1,13 +1,16 @@
-"""A real coordinator app on a real database (SQLite, and PostgreSQL when reachable), driven over
-HTTP in-process through the SDK. The clock is real time plus an offset the test can advance."""
+"""A real coordinator app on a real database (SQLite, and PostgreSQL when reachable), served by
+uvicorn on a loopback port and driven over real HTTP through the SDK. It runs in a thread of the
+test process so the test can advance its clock (real time plus an offset)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
+import httpx
 import pytest
-from fastapi.testclient import TestClient
+import uvicorn
 
 from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client, NodeClient, TaskClient
@@ -16,6 +19,7 @@ from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.coordinator.migrate import upgrade
 from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.localnet import free_port
 from gpuflex.protocol import messages as m
 from gpuflex.storage import LocalBlobStore
 
@@ -35,20 +39,21 @@ class Clock:
 
 @dataclass
 class Harness:
-    http: TestClient
+    url: str
+    http: httpx.Client  # raw requests, for what the SDK would never send
     ctx: CoordinatorContext
     clock: Clock
 
     def consumer(self, name: str, deposit: float = 0) -> Client:
-        token = Client("http://testserver", transport=self.http._transport).create_account(name).token
-        client = Client("http://testserver", token, transport=self.http._transport)
+        token = Client(self.url).create_account(name).token
+        client = Client(self.url, token)
         if deposit:
             client.deposit(deposit)
         return client
 
     def node(self, name: str, *, price: float = 0.1, core: bool = False, tflops: float = 1.0) -> NodeClient:
         key = NodeKey.generate()
-        client = NodeClient("http://testserver", key, transport=self.http._transport)
+        client = NodeClient(self.url, key)
         client.register(
             m.NodeRegister(
                 name=name,
@@ -63,9 +68,7 @@ class Harness:
         return client
 
     def task(self, grant: m.LeaseGrant) -> TaskClient:
-        return TaskClient(
-            "http://testserver", grant.task_token, retry_for_s=0, transport=self.http._transport
-        )
+        return TaskClient(self.url, grant.task_token, retry_for_s=0)
 
 
 @pytest.fixture
@@ -88,5 +91,19 @@ def coordinator(database_url, tmp_path):
     ctx = CoordinatorContext(
         settings, engine, make_sessionmaker(engine), LocalBlobStore(tmp_path / "blobs"), clock
     )
-    with TestClient(create_app(ctx=ctx)) as http:
-        yield Harness(http, ctx, clock)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(ctx=ctx), host="127.0.0.1", port=free_port(), log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive(), "the coordinator failed to start"
+        time.sleep(0.01)
+    url = f"http://127.0.0.1:{server.config.port}"
+    try:
+        with httpx.Client(base_url=url) as http:
+            yield Harness(url, http, ctx, clock)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        engine.dispose()

@@ -135,7 +135,7 @@ def test_signed_requests_from_a_skewed_clock_are_refused(coordinator):
 def test_core_registration_needs_the_operator_token(coordinator):
     key = NodeKey.generate()
     with pytest.raises(Forbidden, match="core token"):
-        NodeClient("http://testserver", key, transport=coordinator.http._transport).register(
+        NodeClient(coordinator.url, key).register(
             m.NodeRegister(
                 name="fake-core",
                 public_key=key.public_key_hex,

@@ -3,12 +3,14 @@
 import pytest
 
 from gpuflex.coordinator.app import reap_once
-from gpuflex.errors import Conflict, Forbidden
+from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.ledger import accounts
 from gpuflex.ledger.export import from_export
 from gpuflex.ledger.journal import balances, verify_chain
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
+
+H0 = "ab" * 32  # a stand-in state hash: the coordinator stores it, the replicas check it
 
 
 def _spec(workers=2, rounds=2, budget=1.0, max_price=0.5) -> JobSpec:
@@ -49,7 +51,9 @@ def test_a_whole_job_through_rounds_settles_and_conserves_money(coordinator):
     agg = coordinator.task(core.lease())
     workers = [coordinator.task(n.lease()) for n in community]
     assert workers[0].latest_round() is None
-    agg.publish_round(m.RoundPublish(round=0, model=agg.put_blob(b"model-0"), val_loss=5.5))
+    agg.publish_round(
+        m.RoundPublish(round=0, state_hash=H0, checkpoint=agg.put_blob(b"state-0"), val_loss=5.5)
+    )
     for r in (0, 1):
         coordinator.clock.advance(10)
         for node in (core, *community):
@@ -64,18 +68,28 @@ def test_a_whole_job_through_rounds_settles_and_conserves_money(coordinator):
         listed = agg.contributions(r)
         assert (len(listed.contributions), listed.live_workers) == (2, 2)
         with pytest.raises(Forbidden):
-            workers[0].publish_round(m.RoundPublish(round=r + 1, model=delta))
+            workers[0].publish_round(m.RoundPublish(round=r + 1, state_hash=H0, update=delta))
+        update = agg.put_blob(f"update-{r + 1}".encode())
+        state = agg.put_blob(f"state-{r + 1}".encode()) if r == 1 else None  # the last round's is required
         agg.publish_round(
             m.RoundPublish(
-                round=r + 1, model=agg.put_blob(f"model-{r + 1}".encode()), val_loss=5.0 - r, contributions=2
+                round=r + 1,
+                state_hash=H0,
+                update=update,
+                checkpoint=state,
+                val_loss=5.0 - r,
+                contributions=2,
+                tokens=200 * (r + 1),
             )
         )
+        assert workers[0].round_state(r + 1).update == update
         late = m.ContributionSubmit(round=r, delta=delta, tokens=1, steps=1, train_loss=1.0)
         assert workers[1].submit_contribution(late) is False  # the round closed: turned away
     final = alice.job(job.id)
     assert final.state == "completed" and workers[0].latest_round().finished
     assert (final.initial_val_loss, final.val_loss) == (5.5, 4.0)
-    assert alice.checkpoint(job.id) == b"model-2"
+    assert alice.checkpoint(job.id) == b"state-2"
+    assert [(r.round, r.tokens) for r in alice.job(job.id).rounds_log] == [(0, 0), (1, 200), (2, 400)]
     journal = from_export(alice.ledger())
     assert verify_chain(journal).ok
     totals = balances(journal)
@@ -114,7 +128,7 @@ def test_a_replacement_workers_contribution_replaces_its_lost_predecessors(coord
     _, core, community, _ = _network(coordinator, workers=1)
     aggregator_grant = core.lease()
     agg = coordinator.task(aggregator_grant)
-    agg.publish_round(m.RoundPublish(round=0, model=agg.put_blob(b"model-0")))
+    agg.publish_round(m.RoundPublish(round=0, state_hash=H0, checkpoint=agg.put_blob(b"state-0")))
     first = coordinator.task(community[0].lease())
     delta = first.put_blob(b"first")
     for _ in range(2):  # a retried submission is accepted again, not a conflict
@@ -237,6 +251,18 @@ def test_an_aggregator_of_a_job_cancelled_before_round_0_stops_at_once(coordinat
     grant = core.lease()
     alice.cancel(job.id)
     state = coordinator.task(grant).latest_round()
-    assert (state.finished, state.model) == (True, None)
+    assert (state.finished, state.checkpoint, state.round) == (True, None, -1)
     summary = run_aggregator(grant.task, coordinator.task(grant), poll_interval_s=0.01)
     assert summary.finished and summary.round == -1
+
+
+def test_a_round_must_carry_what_replicas_need(coordinator):
+    _, core, _, _ = _network(coordinator, workers=1)
+    agg = coordinator.task(core.lease())
+    with pytest.raises(BadRequest, match="full state"):
+        agg.publish_round(m.RoundPublish(round=0, state_hash=H0))
+    agg.publish_round(m.RoundPublish(round=0, state_hash=H0, checkpoint=agg.put_blob(b"state-0")))
+    with pytest.raises(BadRequest, match="aggregated update"):
+        agg.publish_round(m.RoundPublish(round=1, state_hash=H0))
+    with pytest.raises(NotFound):
+        agg.round_state(5)

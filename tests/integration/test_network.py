@@ -74,9 +74,9 @@ def _start(net: LocalNetwork, community: int) -> Client:
 
 
 def _submit(client: Client, spec: JobSpec, tmp_path) -> str:
-    from gpuflex.cli.jobs import upload_dataset
+    from gpuflex.cli.jobs import upload_inputs
 
-    return client.submit(spec, upload_dataset(client, spec)).id
+    return client.submit(spec, **upload_inputs(client, spec)).id
 
 
 def _check_money(client: Client, job_id: str, deposit: float = 5.0) -> None:
@@ -97,7 +97,7 @@ def _check_money(client: Client, job_id: str, deposit: float = 5.0) -> None:
 def test_a_two_worker_job_trains_to_the_end(database_url, tmp_path):
     import torch
 
-    from gpuflex.train.checkpoint import load_into
+    from gpuflex.train.outer import load_model
     from gpuflex.train.recipes import build_model
 
     _corpus(tmp_path / "data")
@@ -111,7 +111,7 @@ def test_a_two_worker_job_trains_to_the_end(database_url, tmp_path):
         assert job.val_loss < job.initial_val_loss
         assert {t.role for t in job.tasks if t.node_id} == {"aggregator", "worker"}
         model = build_model(spec.training)
-        load_into(model, client.checkpoint(job_id))
+        assert load_model(model, client.checkpoint(job_id))["round"] == 3
         tokens = torch.randint(0, 256, (1, 16))
         assert model(tokens)[0].shape[-1] == 256
         _check_money(client, job_id)

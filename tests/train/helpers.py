@@ -7,10 +7,15 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from gpuflex.protocol.messages import TaskConfig
+import torch
+
+from gpuflex.protocol.messages import RoundPublish, TaskConfig
 from gpuflex.protocol.spec import ModelSpec, TrainingSpec
+from gpuflex.train.compression import get_compressor
+from gpuflex.train.outer import GlobalReplica
+from gpuflex.train.recipes import build_model
 from gpuflex.train.task import run_task
-from gpuflex.train.transport import LocalTransport
+from gpuflex.train.transport import LocalTransport, Transport
 
 TINY_MODEL = ModelSpec(n_layer=1, n_head=2, n_embd=32, block_size=32)
 POLL = 0.005  # seconds between polls: tests wait on each other often
@@ -52,7 +57,12 @@ def synthetic_corpus(n_bytes: int = 40_000, seed: int = 0) -> bytes:
 
 
 def task_config(
-    spec: TrainingSpec, dataset: str, role: str, index: int = 0, num_workers: int = 2
+    spec: TrainingSpec,
+    dataset: str | None,
+    role: str,
+    index: int = 0,
+    num_workers: int = 2,
+    recipe_code: str | None = None,
 ) -> TaskConfig:
     return TaskConfig(
         job_id="job-1",
@@ -62,13 +72,22 @@ def task_config(
         num_workers=num_workers,
         training=spec,
         dataset=dataset,
+        recipe_code=recipe_code,
     )
 
 
 class ThreadedJob:
     """Tasks of one job running in threads over one LocalTransport; ``stop`` ends them all."""
 
-    def __init__(self, transport: LocalTransport, spec: TrainingSpec, dataset: str, num_workers: int = 2):
+    def __init__(
+        self,
+        transport: LocalTransport,
+        spec: TrainingSpec,
+        dataset: str | None,
+        num_workers: int = 2,
+        recipe_code: str | None = None,
+    ):
+        self.recipe_code = recipe_code
         self.transport = transport
         self.spec = spec
         self.dataset = dataset
@@ -77,7 +96,7 @@ class ThreadedJob:
         self.pool = ThreadPoolExecutor(max_workers=8)
 
     def start(self, role: str, index: int = 0) -> Future[dict[str, Any]]:
-        config = task_config(self.spec, self.dataset, role, index, self.num_workers)
+        config = task_config(self.spec, self.dataset, role, index, self.num_workers, self.recipe_code)
         view = self.transport.for_task(config.task_id)
         return self.pool.submit(run_task, config, view, self.stopping.is_set, poll_interval_s=POLL)
 
@@ -90,3 +109,31 @@ class ThreadedJob:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Publisher:
+    """Publishes real rounds without a running aggregator (round 0, then zero updates): a fault
+    injector's tool for making rounds close exactly when a test wants them to."""
+
+    def __init__(self, transport: Transport, spec: TrainingSpec):
+        self.transport = transport
+        self.spec = spec
+        self.codec = get_compressor(spec.compression)
+        self.replica = GlobalReplica(build_model(spec), spec)
+        self.replica.round = 0
+        state = transport.put_blob(self.replica.to_bytes())
+        transport.publish_round(RoundPublish(round=0, state_hash=self.replica.state_hash(), checkpoint=state))
+
+    def next_round(self) -> None:
+        zeros = {n: torch.zeros_like(p) for n, p in self.replica.parameters().items()}
+        blob = self.codec.compress(zeros)
+        self.replica.apply(self.codec.decompress(blob))
+        last = self.replica.round == self.spec.rounds
+        self.transport.publish_round(
+            RoundPublish(
+                round=self.replica.round,
+                state_hash=self.replica.state_hash(),
+                update=self.transport.put_blob(blob),
+                checkpoint=self.transport.put_blob(self.replica.to_bytes()) if last else None,
+            )
+        )

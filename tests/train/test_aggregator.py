@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from gpuflex.protocol.messages import ContributionSubmit
-from gpuflex.train.aggregator import evaluate, run_aggregator
-from gpuflex.train.checkpoint import bytes_to_state, sha256
+from gpuflex.train.aggregator import run_aggregator
+from gpuflex.train.checkpoint import load_tensors, save_tensors
 from gpuflex.train.compression import get_compressor
 from gpuflex.train.data import ByteDataset, validation_batches
-from gpuflex.train.recipes import build_model
+from gpuflex.train.outer import GlobalReplica, load_model
+from gpuflex.train.recipes import build_model, evaluate, get_recipe
 from gpuflex.train.transport import LocalTransport
 
 from .helpers import POLL, task_config, tiny_spec
@@ -30,11 +31,20 @@ def _start(spec, corpus: bytes, live_workers: int) -> tuple[LocalTransport, thre
     return transport, thread, out
 
 
-def _contribute(transport: LocalTransport, task: str, delta: dict, tokens: int, codec: str, loss=1.0) -> None:
-    blob = get_compressor(codec).compress(delta)
+def _contribute(transport: LocalTransport, task: str, delta: dict | bytes, tokens: int, codec: str, loss=1.0):
+    blob = delta if isinstance(delta, bytes) else get_compressor(codec).compress(delta)
     view = transport.for_task(task)
     submit = ContributionSubmit(round=0, delta=view.put_blob(blob), tokens=tokens, steps=1, train_loss=loss)
     assert view.submit_contribution(submit)
+
+
+def _poisoned(blob: bytes) -> bytes:
+    """What a malicious node can send although no honest codec encodes it: NaN block scales."""
+    tensors, metadata = load_tensors(blob)
+    poisoned = {
+        k: torch.full_like(v, float("nan")) if k.endswith(":scale") else v for k, v in tensors.items()
+    }
+    return save_tensors(poisoned, metadata)
 
 
 def _params(spec) -> dict[str, torch.Tensor]:
@@ -53,7 +63,9 @@ def test_outer_step_is_nesterov_sgd_on_the_token_weighted_mean(corpus):
     )
     thread.join(30)
     published = transport.history()[1]
-    theta1 = bytes_to_state(transport.get_blob(published.model))
+    model = build_model(spec)
+    assert load_model(model, transport.get_blob(published.checkpoint))["round"] == 1
+    theta1 = {n: p.detach() for n, p in model.named_parameters()}
     mean = (0.01 * 100 + 0.05 * 300) / 400
     step = spec.outer_lr * (1 + spec.outer_momentum) * mean  # Nesterov's first step: g + μ·(buffer = g)
     for name, p in theta0.items():
@@ -69,15 +81,13 @@ def test_unusable_contributions_are_skipped(corpus):
     zeros = {n: torch.zeros_like(p) for n, p in theta0.items()}
     misshapen = {**zeros, "transformer.wte.weight": torch.zeros(3, 3)}
     _contribute(transport, "garbage", {"x": torch.ones(3)}, 10, "int8")
-    _contribute(
-        transport, "poisoned", {n: torch.full_like(p, float("nan")) for n, p in theta0.items()}, 10, "int8"
-    )
+    _contribute(transport, "poisoned", _poisoned(get_compressor("int8").compress(zeros)), 10, "int8")
     _contribute(transport, "misshapen", misshapen, 10, "int8")
     _contribute(transport, "good", zeros, 10, "int8")
     thread.join(30)
     history = transport.history()
     assert history[1].contributions == 1 and out[0].contributions == 1
-    assert history[1].model == history[0].model  # a zero step leaves the model, so its blob, unchanged
+    assert history[1].state_hash == history[0].state_hash  # a zero step leaves the model unchanged
     rejected = {m.split(":")[0] for _, m in transport.logs() if m.startswith("rejected")}
     assert rejected == {f"rejected contribution of task {t}" for t in ("garbage", "poisoned", "misshapen")}
 
@@ -88,8 +98,10 @@ def test_round_zero_is_the_seeded_model_with_its_validation_loss(corpus):
     model = build_model(spec)
     val = validation_batches(ByteDataset(corpus, 32).val, spec.eval_batches, spec.batch_size, 32)
     round0 = transport.history()[0]
-    assert round0.val_loss == pytest.approx(evaluate(model, val))
-    assert sha256(transport.get_blob(round0.model)) == round0.model
+    assert round0.val_loss == pytest.approx(evaluate(get_recipe("char-gpt"), model, val))
+    replica = GlobalReplica(build_model(spec), spec)
+    assert replica.load(transport.get_blob(round0.checkpoint))["round"] == 0
+    assert replica.state_hash() == round0.state_hash and round0.update is None
     _contribute(transport, "w0", {n: torch.zeros_like(p) for n, p in _params(spec).items()}, 1, "int8")
     thread.join(30)
     assert transport.latest_round().finished

@@ -17,10 +17,14 @@ def make(request) -> Factory:
     return lambda rounds, live_workers: LocalTransport(rounds, live_workers)
 
 
-def _publish(t: LocalTransport, round: int) -> str:
-    digest = t.put_blob(f"model {round}".encode())
-    t.publish_round(RoundPublish(round=round, model=digest))
-    return digest
+def _publish(t: LocalTransport, round: int, *, checkpoint: bool = True) -> str | None:
+    """Publish ``round`` with a stand-in update and (by default) a stand-in full state."""
+    update = t.put_blob(f"update {round}".encode()) if round > 0 else None
+    state = t.put_blob(f"state {round}".encode()) if checkpoint else None
+    t.publish_round(
+        RoundPublish(round=round, state_hash=sha256(b"%d" % round), update=update, checkpoint=state)
+    )
+    return state
 
 
 def _submit(t: LocalTransport, round: int, payload: bytes = b"delta") -> bool:
@@ -45,13 +49,25 @@ def test_rounds_publish_in_order_and_finish(make: Factory):
     assert t.latest_round() is None
     with pytest.raises(Conflict):
         _publish(t, 1)
-    model0 = _publish(t, 0)
-    assert t.latest_round().model_dump() == {"round": 0, "model": model0, "finished": False}
+    state0 = _publish(t, 0)
+    latest = t.latest_round()
+    assert (latest.round, latest.checkpoint, latest.checkpoint_round, latest.finished) == (
+        0,
+        state0,
+        0,
+        False,
+    )
     with pytest.raises(Conflict):
         _publish(t, 0)
     with pytest.raises(BadRequest, match="never uploaded"):
-        t.publish_round(RoundPublish(round=1, model=sha256(b"missing")))
-    _publish(t, 1)
+        t.publish_round(RoundPublish(round=1, state_hash="0" * 64, update=sha256(b"missing")))
+    with pytest.raises(BadRequest, match="aggregated update"):
+        t.publish_round(RoundPublish(round=1, state_hash="0" * 64))
+    _publish(t, 1, checkpoint=False)
+    assert (t.latest_round().checkpoint, t.latest_round().checkpoint_round) == (state0, 0)
+    assert t.round_state(1).update == t.put_blob(b"update 1")
+    with pytest.raises(BadRequest, match="full state"):
+        _publish(t, 2, checkpoint=False)
     _publish(t, 2)
     assert t.latest_round().finished
     with pytest.raises(Conflict):

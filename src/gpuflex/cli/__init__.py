@@ -3,9 +3,10 @@
 - ``main``         the app, its groups, and the one-line error handling
 - ``profile``      where the CLI finds the coordinator URL and the API token
 - ``coordinator``  ``coordinator serve | migrate``
-- ``provider``     ``provider start``
+- ``provider``     ``provider start | dashboard``
 - ``account``      ``account create``, ``wallet deposit | balance``
-- ``jobs``         ``submit``, ``jobs``, ``job show | logs | cancel | fetch``, ``offers``
+- ``jobs``         ``submit``, ``jobs``, ``job show | logs | cancel | fetch | watch | report``, ``offers``
+- ``watch``        the live Rich view of a running job; ``report`` its PNG loss curve and cost table
 - ``ledger``       ``ledger verify``
 - ``demo``         ``demo``: the whole network on this machine
 """

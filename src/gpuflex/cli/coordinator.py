@@ -9,19 +9,21 @@ import typer
 from rich.console import Console
 
 from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.jsonlog import LogFormat
 
 coordinator_app = typer.Typer(help="Run the coordinator (the operator's service).", no_args_is_help=True)
 console = Console(stderr=True)
 
 DataDir = Annotated[Path | None, typer.Option(help="database, blobs and keys [env GPUFLEX_DATA_DIR]")]
 DatabaseUrl = Annotated[str | None, typer.Option(help="SQLAlchemy URL [env GPUFLEX_DATABASE_URL]")]
+LogFormatOption = Annotated[
+    LogFormat | None, typer.Option(help="text, or json: one object per line [env GPUFLEX_LOG_FORMAT]")
+]
 
 
-def _settings(data_dir: Path | None, database_url: str | None) -> CoordinatorSettings:
-    overrides = {
-        k: v for k, v in {"data_dir": data_dir, "database_url": database_url}.items() if v is not None
-    }
-    return CoordinatorSettings(**overrides)
+def _settings(data_dir: Path | None, database_url: str | None, **more: object) -> CoordinatorSettings:
+    given = {"data_dir": data_dir, "database_url": database_url, **more}
+    return CoordinatorSettings(**{k: v for k, v in given.items() if v is not None})
 
 
 @coordinator_app.command("migrate")
@@ -43,17 +45,22 @@ def serve(
     migrate_first: Annotated[
         bool, typer.Option("--migrate/--no-migrate", help="upgrade the schema first")
     ] = True,
+    log_format: LogFormatOption = None,
 ) -> None:
-    """Serve the HTTP API (OpenAPI docs at /docs)."""
+    """Serve the HTTP API (OpenAPI docs at /docs), the dashboard (/dashboard) and metrics (/metrics)."""
     import uvicorn
 
+    from gpuflex import jsonlog
     from gpuflex.coordinator.app import create_app
     from gpuflex.coordinator.migrate import upgrade
 
-    settings = _settings(data_dir, database_url)
+    settings = _settings(data_dir, database_url, log_format=log_format)
+    jsonlog.configure(settings.log_format)
     if migrate_first:
         upgrade(settings.sqlalchemy_url)
     settings.resolved_core_token()
     where = "GPUFLEX_CORE_TOKEN" if settings.core_token else settings.data_dir / "core_token"
-    console.print(f"serving on http://{host}:{port} (docs at /docs); core token in {where}")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    console.print(
+        f"serving on http://{host}:{port} (dashboard at /dashboard, docs at /docs); core token in {where}"
+    )
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", log_config=None)

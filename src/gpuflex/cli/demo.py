@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuflex.cli.jobs import upload_dataset
+from gpuflex.cli.jobs import upload_inputs
 from gpuflex.cli.watch import watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest, GPUFlexError, ServiceError
@@ -85,10 +85,10 @@ def demo(
             f"{len(PROVIDERS)} providers online (1 core, {len(PROVIDERS) - 1} community); "
             f"logs in {data_dir / 'logs'}"
         )
-        job = client.submit(spec, upload_dataset(client, spec))
+        job = client.submit(spec, **upload_inputs(client, spec))
         console.print(
             f"job {job.id}: {spec.resources.workers} workers x {spec.training.rounds} rounds x "
-            f"{spec.training.inner_steps} inner steps, {spec.training.compression} compression"
+            f"{spec.training.inner_steps} inner steps, {spec.training.compression.label} compression"
         )
         final = watch_job(client, job.id, console, timeout_s=600)
         if final.state != "completed":

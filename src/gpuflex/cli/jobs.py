@@ -1,4 +1,4 @@
-"""``gpuflex submit``, ``jobs``, ``job show | logs | cancel | fetch`` and ``offers``."""
+"""``gpuflex submit``, ``jobs``, ``job show | logs | cancel | fetch | watch | report`` and ``offers``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gpuflex.cli.options import Token, Url
 from gpuflex.cli.profile import consumer_client
 from gpuflex.cli.watch import watch_job
 from gpuflex.client import Client
+from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import JobInfo
 from gpuflex.protocol.spec import JobSpec, load_job_spec
 
@@ -21,12 +22,21 @@ console = Console()
 JobId = Annotated[str, typer.Argument(help="job id, as `gpuflex jobs` lists it")]
 
 
-def upload_dataset(client: Client, spec: JobSpec) -> str:
-    """Build the job's text corpus on this machine and upload it; returns its sha256."""
+def upload_inputs(client: Client, spec: JobSpec) -> dict[str, str | None]:
+    """Build the job's corpus (unless ``data.source`` is ``none``) and read its user recipe file, on this
+    machine, and upload both; returns the ``dataset`` and ``recipe_code`` hashes to submit with."""
     from gpuflex.train.corpus import build_corpus
 
-    corpus = build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions)
-    return client.upload(corpus)
+    dataset = None
+    if spec.data.source != "none":
+        dataset = client.upload(build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions))
+    recipe_code = None
+    if spec.training.recipe_file is not None:
+        try:
+            recipe_code = client.upload(Path(spec.training.recipe_file).read_bytes())
+        except OSError as err:
+            raise BadRequest(f"cannot read recipe_file {spec.training.recipe_file}: {err.strerror}") from None
+    return {"dataset": dataset, "recipe_code": recipe_code}
 
 
 def submit(
@@ -38,7 +48,7 @@ def submit(
     """Submit a job from a YAML spec; its budget moves into escrow."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
-    job = client.submit(spec, upload_dataset(client, spec))
+    job = client.submit(spec, **upload_inputs(client, spec))
     console.print(f"submitted job [bold]{job.id}[/] ({job.name}); budget {job.budget:.2f} credits in escrow")
     if watch:
         _summary(watch_job(client, job.id, console))
@@ -125,8 +135,26 @@ def fetch(
 
 @job_app.command("watch")
 def watch(job_id: JobId, url: Url = None, token: Token = None) -> None:
-    """Follow a job live until it ends."""
+    """Follow a job live until it ends: round, losses, live workers, credits spent."""
     _summary(watch_job(consumer_client(url, token), job_id, console))
+
+
+@job_app.command("report")
+def report(
+    job_id: JobId,
+    output: Annotated[Path, typer.Option("-o", "--output", help="PNG of the loss curve")] = Path(
+        "report.png"
+    ),
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Write a job's loss curve (PNG) and cost table (CSV beside it); print the costs."""
+    from gpuflex.cli.report import cost_table, write_report
+
+    job = consumer_client(url, token).job(job_id)
+    table_path = write_report(job, output)
+    console.print(cost_table(job))
+    console.print(f"loss curve written to {output}; cost table to {table_path}")
 
 
 def _f(x: float | None) -> str:

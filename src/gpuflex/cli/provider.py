@@ -1,26 +1,34 @@
-"""``gpuflex provider start``: offer this machine's GPU (or CPU) on the market."""
+"""``gpuflex provider start``: offer this machine's GPU (or CPU) on the market; ``provider dashboard``."""
 
 from __future__ import annotations
 
-import logging
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gpuflex.cli.profile import resolve_url
+from gpuflex.jsonlog import LogFormat
 
 provider_app = typer.Typer(help="Offer this machine's compute.", no_args_is_help=True)
+
+Name = Annotated[str | None, typer.Option(help="node name shown on the market [default: host name]")]
+DataDir = Annotated[Path | None, typer.Option(help="key and task work dirs [default: ~/.gpuflex/agent/NAME]")]
+
+
+def _data_dir(data_dir: Path | None, name: str) -> Path:
+    return data_dir or Path.home() / ".gpuflex" / "agent" / name
 
 
 @provider_app.command("start")
 def start(
     price: Annotated[float, typer.Option(help="asking price, credits per hour")] = 0.10,
-    name: Annotated[str | None, typer.Option(help="node name shown on the market")] = None,
+    name: Name = None,
     url: Annotated[str | None, typer.Option(help="coordinator URL [env GPUFLEX_URL]")] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="key and task work dirs")] = None,
+    data_dir: DataDir = None,
     core: Annotated[
         bool, typer.Option("--core", help="register as a core node (needs the core token)")
     ] = False,
@@ -30,17 +38,20 @@ def start(
     region: Annotated[str, typer.Option(help="region label")] = "local",
     threads: Annotated[int, typer.Option(help="CPU threads a task may use; 0: all")] = 0,
     memory_mb: Annotated[int, typer.Option(help="address-space limit of a task (MB)")] = 8192,
+    log_format: Annotated[
+        LogFormat, typer.Option(envvar="GPUFLEX_LOG_FORMAT", help="text, or json (one object per line)")
+    ] = "text",
 ) -> None:
     """Run the provider agent until SIGTERM / Ctrl-C; a running task is handed back on the way out."""
+    from gpuflex import jsonlog
     from gpuflex.agent.daemon import Agent, AgentConfig
     from gpuflex.agent.sandbox import Limits
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     name = name or socket.gethostname()
     config = AgentConfig(
         coordinator_url=resolve_url(url),
         name=name,
-        data_dir=data_dir or Path.home() / ".gpuflex" / "agent" / name,
+        data_dir=_data_dir(data_dir, name),
         price_per_hour=price,
         kind="core" if core else "community",
         core_token=core_token,
@@ -49,6 +60,32 @@ def start(
         limits=Limits(memory_mb=memory_mb),
     )
     agent = Agent(config)
+    jsonlog.configure(log_format, node_id=agent.key.node_id)
     signal.signal(signal.SIGTERM, agent.stop)
     signal.signal(signal.SIGINT, agent.stop)
     agent.run()
+
+
+@provider_app.command("dashboard")
+def dashboard(
+    name: Name = None,
+    data_dir: DataDir = None,
+    url: Annotated[str | None, typer.Option(help="coordinator URL [env GPUFLEX_URL]")] = None,
+) -> None:
+    """Print a short-lived link that signs this node in to its earnings page on the dashboard."""
+    from gpuflex.auth.signing import NodeKey
+    from gpuflex.client.http import HttpSession
+    from gpuflex.errors import NotFound
+
+    key_file = _data_dir(data_dir, name or socket.gethostname()) / "node.key"
+    if not key_file.exists():
+        raise NotFound(f"no node key at {key_file}: pass the --data-dir the provider runs with")
+    base = resolve_url(url).rstrip("/")
+    session = HttpSession(base, sign=NodeKey.load_or_create(key_file).sign_request)
+    try:
+        link = session.request("POST", "/v1/nodes/dashboard-token").json()
+    finally:
+        session.close()
+    minutes = max(1, round((link["expires_at"] - time.time()) / 60))
+    typer.echo(f"{base}{link['path']}")
+    typer.echo(f"(open it within {minutes} min; it signs you in as this node)", err=True)

@@ -35,8 +35,9 @@ class Client:
         self.http.request("PUT", f"/v1/blobs/{digest}", content=data)
         return digest
 
-    def submit(self, spec: JobSpec, dataset: str) -> m.JobInfo:
-        body = m.JobSubmit(spec=spec, dataset=dataset).model_dump(mode="json")
+    def submit(self, spec: JobSpec, dataset: str | None = None, recipe_code: str | None = None) -> m.JobInfo:
+        """Submit a job whose inputs (dataset, user recipe file) are already uploaded."""
+        body = m.JobSubmit(spec=spec, dataset=dataset, recipe_code=recipe_code).model_dump(mode="json")
         return m.JobInfo.model_validate(self.http.request("POST", "/v1/jobs", json=body).json())
 
     def jobs(self) -> list[m.JobInfo]:

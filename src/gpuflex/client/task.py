@@ -41,6 +41,9 @@ class TaskClient:
         response = self.http.request("GET", "/v1/task/round")
         return None if response.status_code == 204 else m.RoundState.model_validate(response.json())
 
+    def round_state(self, round: int) -> m.RoundState:
+        return m.RoundState.model_validate(self.http.request("GET", f"/v1/task/rounds/{round}").json())
+
     def submit_contribution(self, contribution: m.ContributionSubmit) -> bool:
         response = self.http.request("POST", "/v1/task/contributions", json=contribution.model_dump())
         return bool(response.json()["accepted"])

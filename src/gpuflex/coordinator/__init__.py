@@ -7,4 +7,6 @@
 - ``routes/``     thin FastAPI routers: parse, call a service, return a protocol model
 - ``auth``        request authentication: API tokens, node signatures, task tokens
 - ``app``         the app factory, error handlers, body-size limits and the background reaper
+- ``metrics``     Prometheus metrics (one registry per app) and the request-latency middleware
+- ``web/``        the dashboard: server-rendered pages, sign-in, the live job view
 """

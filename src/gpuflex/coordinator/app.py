@@ -1,4 +1,4 @@
-"""The coordinator's app factory: routers, error handling, body limits and the background reaper.
+"""The coordinator's app factory: routers, dashboard, metrics, error handling, body limits, the reaper.
 
 uvicorn --factory gpuflex.coordinator.app:create_app      # or: gpuflex coordinator serve
 """
@@ -11,14 +11,17 @@ from contextlib import asynccontextmanager, suppress
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex import __version__
+from gpuflex.coordinator import web
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.coordinator.limits import BodySizeLimit
+from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
+from gpuflex.coordinator.metrics import router as metrics_router
 from gpuflex.coordinator.routes import accounts, blobs, jobs, ledger, market, nodes, tasks
 from gpuflex.coordinator.services import jobs as job_service
 from gpuflex.coordinator.services import leases, registry
@@ -31,11 +34,24 @@ from gpuflex.storage import LocalBlobStore
 log = logging.getLogger("gpuflex.coordinator")
 
 
-def reap_once(ctx: CoordinatorContext) -> None:
+def _lost(nodes: list) -> None:
+    for node in nodes:
+        log.info("node lost", extra={"node_id": node.id})
+
+
+def _expired(expired: list, metrics: CoordinatorMetrics | None) -> None:
+    if metrics is not None:
+        metrics.leases_expired.inc(len(expired))
+    for lease in expired:
+        extra = {"job_id": lease.job_id, "node_id": lease.node_id, "lease_id": lease.id}
+        log.info("lease expired", extra=extra)
+
+
+def reap_once(ctx: CoordinatorContext, metrics: CoordinatorMetrics | None = None) -> None:
     """One pass of the periodic duties; each in its own transaction so one failure spares the rest."""
     duties = (
-        lambda s, now: registry.mark_lost(s, ctx.settings, now),
-        lambda s, now: leases.expire(s, now),
+        lambda s, now: _lost(registry.mark_lost(s, ctx.settings, now)),
+        lambda s, now: _expired(leases.expire(s, now), metrics),
         lambda s, now: job_service.enforce_limits(s, now, fee_bps=ctx.settings.platform_fee_bps),
         lambda s, now: market_service.place_pending(s, now),
         lambda s, now: registry.prune_nonces(s, ctx.settings, now),
@@ -48,23 +64,27 @@ def reap_once(ctx: CoordinatorContext) -> None:
             log.exception("reaper duty failed; it runs again next pass")
 
 
-async def _reaper(ctx: CoordinatorContext) -> None:
+async def _reaper(ctx: CoordinatorContext, metrics: CoordinatorMetrics) -> None:
     while True:
-        await run_in_threadpool(reap_once, ctx)
+        await run_in_threadpool(reap_once, ctx, metrics)
         await asyncio.sleep(ctx.settings.reaper_interval_s)
 
 
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GPUFlexError)
-    async def _gpuflex_error(_: Request, exc: GPUFlexError) -> JSONResponse:
+    async def _gpuflex_error(request: Request, exc: GPUFlexError) -> Response:
+        if web.is_page(request):
+            return await web.error_page(request, exc.status_code, exc.message)
         return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         problems = []
         for e in exc.errors():
             where = ".".join(str(p) for p in e["loc"] if p != "body") or "body"
             problems.append(f"{where}: {'unknown field' if e['type'] == 'extra_forbidden' else e['msg']}")
+        if web.is_page(request):
+            return await web.error_page(request, 422, "; ".join(problems))
         return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
 
     @app.exception_handler(IntegrityError)
@@ -73,6 +93,13 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     async def _busy(_: Request, exc: OperationalError) -> JSONResponse:
+        # Lock contention is worth a retry; any other operational error (a missing column, a lost
+        # server) is a fault of ours and must not hide behind "busy".
+        if not any(
+            word in str(exc.orig).lower() for word in ("locked", "busy", "deadlock", "could not serialize")
+        ):
+            log.error("database error: %s", exc)
+            return JSONResponse({"detail": "internal database error"}, status_code=500)
         log.warning("database busy: %s", exc)
         return JSONResponse({"detail": "database busy; retry"}, status_code=503, headers={"Retry-After": "1"})
 
@@ -86,9 +113,11 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
             settings, engine, make_sessionmaker(engine), LocalBlobStore(settings.blob_dir)
         )
 
+    metrics = CoordinatorMetrics(ctx)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        task = asyncio.create_task(_reaper(ctx))
+        task = asyncio.create_task(_reaper(ctx, metrics))
         yield
         task.cancel()
         with suppress(asyncio.CancelledError):
@@ -97,10 +126,13 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
 
     app = FastAPI(title="GPUFlex coordinator", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
+    app.state.metrics = metrics
     api = APIRouter(prefix=f"/{API_VERSION}")
     for module in (accounts, jobs, nodes, tasks, blobs, market, ledger):
         api.include_router(module.router)
     app.include_router(api)
+    app.include_router(metrics_router)
+    web.install(app, ctx)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -112,4 +144,5 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         default_limit=ctx.settings.max_request_bytes,
         limits={f"/{API_VERSION}/blobs/": ctx.settings.max_blob_bytes},
     )
+    app.add_middleware(RequestMetrics, metrics=metrics)
     return app

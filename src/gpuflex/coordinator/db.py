@@ -73,7 +73,8 @@ class Job(Base):
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     name: Mapped[str] = mapped_column(String(100))
     spec: Mapped[dict] = mapped_column(JSON)
-    dataset: Mapped[str] = mapped_column(String(64))
+    dataset: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    recipe_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[float] = mapped_column(Float)
@@ -83,7 +84,8 @@ class Job(Base):
     initial_val_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     val_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
-    checkpoint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    checkpoint: Mapped[str | None] = mapped_column(String(64), nullable=True)  # newest full state
+    checkpoint_round: Mapped[int] = mapped_column(Integer, default=-1)
 
 
 class Task(Base):
@@ -120,7 +122,10 @@ class Round(Base):
     __tablename__ = "rounds"
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
     round: Mapped[int] = mapped_column(Integer, primary_key=True)
-    model: Mapped[str] = mapped_column(String(64))
+    state_hash: Mapped[str] = mapped_column(String(64))
+    update: Mapped[str | None] = mapped_column(String(64), nullable=True)  # aggregated compressed update
+    checkpoint: Mapped[str | None] = mapped_column(String(64), nullable=True)  # full state, when published
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     val_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     contributions: Mapped[int] = mapped_column(Integer, default=0)

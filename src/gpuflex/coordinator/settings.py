@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuflex.jsonlog import LogFormat
+
 
 class CoordinatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEX_", extra="ignore")
@@ -24,6 +26,14 @@ class CoordinatorSettings(BaseSettings):
     platform_fee_bps: int = Field(1000, ge=0, le=10_000, description="platform fee in basis points")
     core_token: str | None = Field(None, description="operator secret to register core nodes")
     open_signup: bool = Field(True, description="anyone may create a consumer account")
+    log_format: LogFormat = Field("text", description="text, or json: one object per line with ids")
+    dashboard_secret: str | None = Field(
+        None, description="signs providers' dashboard sign-ins; replicas must share it (default: data_dir)"
+    )
+    dashboard_link_ttl_s: float = Field(300.0, gt=0, description="life of a provider's sign-in link")
+    dashboard_session_ttl_s: float = Field(12 * 3600.0, gt=0, description="life of a dashboard sign-in")
+    dashboard_refresh_s: float = Field(3.0, gt=0, description="how often live pages refresh")
+    secure_cookies: bool = Field(False, description="mark dashboard cookies Secure (serve over HTTPS)")
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -39,9 +49,14 @@ class CoordinatorSettings(BaseSettings):
 
     def resolved_core_token(self) -> str:
         """The operator's core token: the setting, else one made once and kept in data_dir."""
-        if self.core_token:
-            return self.core_token
-        path = self.data_dir / "core_token"
+        return self.core_token or self._kept_secret("core_token")
+
+    def resolved_dashboard_secret(self) -> str:
+        """The key of providers' dashboard tokens: the setting, else one made once and kept in data_dir."""
+        return self.dashboard_secret or self._kept_secret("dashboard_secret")
+
+    def _kept_secret(self, name: str) -> str:
+        path = self.data_dir / name
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(secrets.token_urlsafe(24))

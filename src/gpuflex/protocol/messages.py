@@ -123,7 +123,8 @@ class TaskConfig(Message):
     worker_index: int
     num_workers: int
     training: TrainingSpec
-    dataset: Sha256
+    dataset: Sha256 | None = None
+    recipe_code: Sha256 | None = Field(None, description="the user recipe's file, with recipe 'user'")
 
 
 class LeaseGrant(Message):
@@ -161,7 +162,8 @@ class Offer(Message):
 
 class JobSubmit(Message):
     spec: JobSpec
-    dataset: Sha256
+    dataset: Sha256 | None = Field(None, description="the uploaded data; None if the recipe brings its own")
+    recipe_code: Sha256 | None = Field(None, description="the uploaded recipe file, with recipe 'user'")
 
 
 class JobInfo(Message):
@@ -193,10 +195,12 @@ class TaskInfo(Message):
 
 class RoundInfo(Message):
     round: int
-    model: Sha256
+    update: Sha256 | None
+    checkpoint: Sha256 | None
     val_loss: Loss
     train_loss: Loss
     contributions: int
+    tokens: int = 0
     published_at: datetime
 
 
@@ -224,10 +228,19 @@ class JobEvent(Message):
 
 
 class RoundState(Message):
-    """The newest published global model of a job."""
+    """A published round of a job: how to reach its global state.
+
+    A replica one round behind applies ``update`` (the aggregated, compressed pseudo-gradient that
+    made this round) and checks ``state_hash``; a replica further behind or joining loads the full
+    state ``checkpoint`` of round ``checkpoint_round`` and applies the updates after it.
+    """
 
     round: int
-    model: Sha256 | None = Field(description="None only for a job that ended before round 0")
+    state_hash: str | None = Field(None, description="sha256 of the global parameters after this round")
+    update: Sha256 | None = Field(None, description="None for round 0")
+    checkpoint: Sha256 | None = Field(None, description="newest full state at or before this round")
+    checkpoint_round: int = -1
+    tokens: int = Field(0, description="tokens trained on, over all rounds up to this one")
     finished: bool = False
 
 
@@ -256,10 +269,13 @@ class ContributionList(Message):
 
 class RoundPublish(Message):
     round: Annotated[int, Field(ge=0)]
-    model: Sha256
+    state_hash: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    update: Sha256 | None = Field(None, description="the aggregated update; required after round 0")
+    checkpoint: Sha256 | None = Field(None, description="the full state; required at round 0 and the last")
     val_loss: Loss = None
     train_loss: Loss = None
     contributions: int = 0
+    tokens: Annotated[int, Field(ge=0, description="tokens trained on, over all rounds up to this one")] = 0
 
 
 class TaskLog(Message):

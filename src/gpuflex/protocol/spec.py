@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from gpuflex.errors import SpecError
 
-Compression = Literal["none", "fp16", "int8"]
-Recipe = Literal["char-gpt"]
+Recipe = Literal["char-gpt", "hf-causal-lm", "mlp-digits", "user"]
+Codec = Literal["none", "fp16", "bf16", "int8", "int4", "int2"]
 
 
 class _Strict(BaseModel):
@@ -37,8 +37,13 @@ class Resources(_Strict):
 
 
 class ModelSpec(_Strict):
-    """char-gpt's shape: nanoGPT-style, a few hundred thousand parameters by default."""
+    """The model's shape: char-gpt's defaults give a few hundred thousand parameters.
 
+    ``architecture`` is read by hf-causal-lm (gpt2 | llama); mlp-digits reads n_embd as its hidden
+    width and n_layer as its depth.
+    """
+
+    architecture: Literal["gpt2", "llama"] = "gpt2"
     n_layer: Annotated[int, Field(ge=1, le=48)] = 2
     n_head: Annotated[int, Field(ge=1, le=64)] = 4
     n_embd: Annotated[int, Field(ge=8, le=4096)] = 96
@@ -52,20 +57,67 @@ class ModelSpec(_Strict):
         return self
 
 
+class CompressionSpec(_Strict):
+    """How pseudo-gradients (and the aggregated update) are encoded on the wire.
+
+    ``method`` is a dense codec, or ``topk``: keep the ``density`` largest entries of every chunk of
+    ``block_size`` values and encode them with ``values``. Error feedback keeps what the encoding
+    lost on the sender and adds it next round, decayed by ``error_decay`` (1.0: plain error feedback).
+    ``compression: int8`` in YAML is short for ``compression: {method: int8}``.
+    """
+
+    method: Literal["none", "fp16", "bf16", "int8", "int4", "int2", "topk"] = "int8"
+    density: Annotated[float, Field(gt=0, le=1)] = 0.02
+    values: Codec = "int2"
+    block_size: Annotated[int, Field(ge=8, le=65536)] = 256
+    error_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: object) -> object:
+        return {"method": data} if isinstance(data, str) else data
+
+    @property
+    def label(self) -> str:
+        """A short name for people: ``int8``, ``topk 2% + int2``."""
+        return f"topk {self.density:.0%} + {self.values}" if self.method == "topk" else self.method
+
+
 class TrainingSpec(_Strict):
     recipe: Recipe = "char-gpt"
+    recipe_file: str | None = Field(None, description="with recipe 'user': the Python file to run")
     rounds: Annotated[int, Field(ge=1, le=100_000)] = 8
     inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 30
-    compression: Compression = "int8"
+    compression: CompressionSpec = Field(default_factory=CompressionSpec)
     batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
     lr: Annotated[float, Field(gt=0, le=1)] = 3e-3
     weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.1
     outer_lr: Annotated[float, Field(gt=0, le=10)] = 0.7
     outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     seed: Annotated[int, Field(ge=0)] = 0
+    overlap: bool = Field(False, description="start the next round before this round's exchange completes")
+    round_seconds: Annotated[float, Field(gt=0, le=86_400)] | None = Field(
+        None, description="time budget of a round: a faster worker runs more steps, up to inner_steps"
+    )
+    local_devices: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="devices one replica spans on its node (DDP inside the replica)"
+    )
+    checkpoint_every: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        1, description="publish the full state (model + outer optimizer) every this many rounds"
+    )
     eval_batches: Annotated[int, Field(ge=1, le=1000)] = 8
     round_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 120
     model: ModelSpec = Field(default_factory=ModelSpec)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainingSpec:
+        if (self.recipe == "user") != (self.recipe_file is not None):
+            raise ValueError("recipe 'user' needs recipe_file, and recipe_file needs recipe 'user'")
+        if self.local_devices > 1 and self.round_seconds is not None:
+            raise ValueError(
+                "round_seconds does not combine with local_devices > 1 yet (ranks step in lockstep)"
+            )
+        return self
 
 
 class DataSpec(_Strict):

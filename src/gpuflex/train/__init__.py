@@ -2,16 +2,39 @@
 
 Map of the files (data flows down this list):
 
+- ``local``        a job's tasks as local processes, without the marketplace (``gpuflex train local``)
 - ``task``         the entry point the agent's subprocess calls: dispatches on the task's role
-- ``worker``       a DiLoCo worker: H inner AdamW steps on its shard, uploads a compressed pseudo-gradient
-- ``aggregator``   waits for a quorum, averages pseudo-gradients by tokens, takes the outer Nesterov step
+- ``worker``       a DiLoCo worker: inner AdamW steps, a compressed pseudo-gradient up, the update down
+- ``diloco``       ``DiLoCo``: the same, wrapped around a training loop of your own
+- ``aggregator``   waits for a quorum, averages by tokens, compresses the update, takes the outer step
+- ``outer``        ``GlobalReplica``: global weights + outer optimizer, held identically by every replica
+- ``sync``         brings a replica to a round: update by update, or from a checkpoint
 - ``transport``    the interface to the network, and ``LocalTransport``, its in-memory implementation
-- ``compression``  pseudo-gradient codecs (none, fp16, int8) and error feedback
-- ``checkpoint``   model state <-> safetensors bytes (never pickle: blobs come from untrusted nodes)
-- ``recipes``      recipe name -> a seeded model
+- ``throttle``     a simulated link around a transport: meters the bytes, delays each call
+- ``compression/`` pseudo-gradient codecs (fp16/bf16, int8/4/2, chunked top-k) and error feedback
+- ``checkpoint``   tensors <-> safetensors bytes (never pickle: blobs come from untrusted nodes)
+- ``recipes/``     what a job trains: char-gpt, hf-causal-lm, mlp-digits, or a user's recipe file
 - ``model``        CharGPT, a nanoGPT-style byte-level decoder
 - ``data``         the byte-level dataset: split, shards, reproducible batches
 - ``corpus``       builds the training text (the Python standard library or a directory); no torch
 
-This ``__init__`` imports nothing, so ``import gpuflex.train.corpus`` stays cheap (no torch).
+This ``__init__`` imports nothing eagerly, so ``import gpuflex.train.corpus`` stays cheap (no torch);
+``gpuflex.train.DiLoCo`` and friends load on first use.
 """
+
+_LAZY = {
+    "DiLoCo": "gpuflex.train.diloco",
+    "LocalTransport": "gpuflex.train.transport",
+    "Transport": "gpuflex.train.transport",
+    "aggregate": "gpuflex.train.aggregator",
+    "Recipe": "gpuflex.train.recipes",
+    "TaskData": "gpuflex.train.recipes",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'gpuflex.train' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -1,15 +1,16 @@
-"""The DiLoCo aggregator: gathers pseudo-gradients, takes the outer Nesterov step, publishes θ_{r+1}.
+"""The DiLoCo aggregator: gathers pseudo-gradients, averages them, publishes the compressed update.
 
 One round, as the aggregator sees it::
 
     wait until contributions(r) >= max(1, live_workers), or round_timeout_s passes with >= 1
-    Δ = Σ tokens_i · Δ_i / Σ tokens_i                   # over the contributions that decode and fit
-    p.grad = Δ; SGD(lr=outer_lr, momentum=outer_momentum, nesterov=True).step()
-    publish_round(r + 1, put_blob(θ_{r+1}), val_loss, train_loss)
+    Δ̄ = Σ tokens_i · Δ_i / Σ tokens_i                   # over the contributions that decode and fit
+    blob, Δ̂ = compress(Δ̄ + residual)                    # the downlink is compressed too (error feedback)
+    replica.apply(Δ̂)                                    # the outer step every replica takes
+    publish_round(r + 1, update=blob, state_hash, checkpoint every checkpoint_every rounds)
 
-Round 0 is the recipe's seeded model. A replacement aggregator resumes from the latest
-published round. The outer optimizer's momentum lives in memory only, so a replacement
-restarts it from zero; a later issue checkpoints it for failover.
+Round 0 is the recipe's seeded model, published as a full checkpoint. A replacement aggregator
+loads the newest checkpoint (weights and outer momentum) and replays the updates after it, so it
+continues exactly where its predecessor stopped; only the downlink residual is lost with it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from torch import Tensor, nn
 
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import Contribution, RoundPublish, TaskConfig
-from gpuflex.train.checkpoint import load_into, state_to_bytes
-from gpuflex.train.compression import Compressor, get_compressor
-from gpuflex.train.data import Batch, ByteDataset, validation_batches
-from gpuflex.train.recipes import build_model
+from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.train.compression import Compressor, ErrorFeedback, get_compressor
+from gpuflex.train.outer import GlobalReplica
+from gpuflex.train.recipes import Batch, Recipe, build_model, evaluate, for_task
+from gpuflex.train.sync import sync
 from gpuflex.train.transport import Transport, fetch_verified
 
 Delta = dict[str, Tensor]
@@ -37,15 +39,56 @@ class AggregatorSummary:
     start_round: int  # the round this aggregator started from: 0, or the one it resumed at
     round: int  # the newest round it published (or found published)
     finished: bool = False
-    val_losses: dict[int, float] = field(default_factory=dict)  # of the rounds it published
+    val_losses: dict[int, float | None] = field(default_factory=dict)  # of the rounds it published
     contributions: int = 0  # pseudo-gradients it applied
+    bytes_published: int = 0  # update blobs sent to the workers (checkpoints not counted)
 
 
-def evaluate(model: nn.Module, batches: list[Batch]) -> float:
-    """Mean loss of ``model`` over ``batches``."""
-    model.eval()
-    with torch.no_grad():
-        return sum(model(x, y)[1].item() for x, y in batches) / len(batches)
+@dataclass
+class _Aggregator:
+    spec: TrainingSpec
+    transport: Transport
+    recipe: Recipe
+    replica: GlobalReplica
+    val: list[Batch]
+    downlink: ErrorFeedback
+    summary: AggregatorSummary
+    tokens: int = 0
+
+    def publish(self, round: int, used: list[Contribution], update: bytes | None) -> None:
+        """Evaluate the replica and publish it as ``round``, with its update and, when due, its state."""
+        val_loss = evaluate(self.recipe, self.replica.model, self.val)
+        self.tokens += sum(c.tokens for c in used)
+        known = [c for c in used if c.train_loss is not None]
+        weight = sum(c.tokens for c in known)
+        train_loss = sum(c.train_loss * c.tokens for c in known) / weight if weight else None
+        due = round % self.spec.checkpoint_every == 0 or round == self.spec.rounds
+        checkpoint = self.replica.to_bytes(tokens=self.tokens, val_loss=val_loss, train_loss=train_loss)
+        publish = RoundPublish(
+            round=round,
+            state_hash=self.replica.state_hash(),
+            val_loss=val_loss,
+            train_loss=train_loss,
+            update=self.transport.put_blob(update) if update is not None else None,
+            checkpoint=self.transport.put_blob(checkpoint) if due else None,
+            contributions=len(used),
+            tokens=self.tokens,
+        )
+        self.transport.publish_round(publish)
+        self.summary.round = round
+        self.summary.val_losses[round] = val_loss
+        self.summary.contributions += len(used)
+        self.summary.bytes_published += len(update or b"")
+        self.transport.log(
+            f"published round {round}: {len(used)} contributions, val loss {_fmt(val_loss)}, "
+            f"train loss {_fmt(train_loss)}, update {len(update or b'') / 1e3:.1f} kB"
+        )
+
+    def step(self, used: list[tuple[Contribution, Delta]]) -> bytes:
+        """Average, compress for the downlink, and take the outer step with what the workers will see."""
+        blob = self.downlink.compress(_weighted_mean(used))
+        self.replica.apply(self.downlink.compressor.decompress(blob))
+        return blob
 
 
 def run_aggregator(
@@ -55,80 +98,82 @@ def run_aggregator(
     poll_interval_s: float = 0.2,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> AggregatorSummary:
-    """Publish rounds until round ``rounds`` is out or ``should_stop``; resumes a job already under way."""
-    spec = config.training
-    block = spec.model.block_size
-    dataset = ByteDataset(fetch_verified(transport, config.dataset), block)
-    val = validation_batches(dataset.val, spec.eval_batches, spec.batch_size, block)
-    model = build_model(spec)
-    summary = _start(model, val, transport)
-    if summary.finished:
-        return summary
-    outer = torch.optim.SGD(model.parameters(), lr=spec.outer_lr, momentum=spec.outer_momentum, nesterov=True)
-    gather = _Gatherer(transport, get_compressor(spec.compression), model, poll_interval_s, should_stop)
-    for r in range(summary.round, spec.rounds):
+    """The aggregator task of a job: its recipe and data come with the task's config."""
+    recipe, data = for_task(config, lambda digest: fetch_verified(transport, digest))
+    return aggregate(
+        config.training,
+        transport,
+        recipe,
+        data.validation,
+        poll_interval_s=poll_interval_s,
+        should_stop=should_stop,
+    )
+
+
+def aggregate(
+    spec: TrainingSpec,
+    transport: Transport,
+    recipe: Recipe,
+    validation: list[Batch],
+    *,
+    poll_interval_s: float = 0.2,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> AggregatorSummary:
+    """Publish rounds until round ``spec.rounds`` is out or ``should_stop``; resumes a job under way."""
+    compressor = get_compressor(spec.compression)
+    agg = _Aggregator(
+        spec,
+        transport,
+        recipe,
+        GlobalReplica(build_model(spec, recipe), spec),
+        validation,
+        ErrorFeedback(compressor),
+        AggregatorSummary(start_round=0, round=0),
+    )
+    if not _start(agg, compressor):
+        return agg.summary
+    gather = _Gatherer(transport, compressor, agg.replica.model, poll_interval_s, should_stop)
+    for r in range(agg.replica.round, spec.rounds):
         used = gather.wait(r, spec.round_timeout_s)
         if used is None:
-            return summary
-        _outer_step(model, outer, used)
-        _publish(model, val, transport, r + 1, [c for c, _ in used], summary)
-    summary.finished = True
-    return summary
+            return agg.summary
+        agg.publish(r + 1, [c for c, _ in used], agg.step(used))
+    agg.summary.finished = True
+    return agg.summary
 
 
-def _start(model: nn.Module, val: list[Batch], transport: Transport) -> AggregatorSummary:
-    """Load the latest published model into ``model``, or publish ``model`` as round 0."""
-    latest = transport.latest_round()
+def _start(agg: _Aggregator, compressor: Compressor) -> bool:
+    """Publish round 0, or catch up with the rounds already published; False if the job is over."""
+    latest = agg.transport.latest_round()
     if latest is None:
-        summary = AggregatorSummary(start_round=0, round=0)
-        _publish(model, val, transport, 0, [], summary)
-        return summary
+        agg.replica.round = 0
+        agg.publish(0, [], None)
+        return True
     if latest.finished:
-        return AggregatorSummary(start_round=latest.round, round=latest.round, finished=True)
-    load_into(model, fetch_verified(transport, latest.model))
-    transport.log(f"resuming at round {latest.round}; outer momentum restarts from zero")
-    return AggregatorSummary(start_round=latest.round, round=latest.round)
+        agg.summary = AggregatorSummary(start_round=latest.round, round=latest.round, finished=True)
+        return False
+    sync(agg.replica, agg.transport, latest, compressor.decompress)
+    agg.summary = AggregatorSummary(start_round=latest.round, round=latest.round)
+    agg.tokens = latest.tokens
+    agg.transport.log(f"resuming at round {latest.round} from checkpoint round {latest.checkpoint_round}")
+    return True
 
 
-def _publish(
-    model: nn.Module,
-    val: list[Batch],
-    transport: Transport,
-    round: int,
-    used: list[Contribution],
-    summary: AggregatorSummary,
-) -> None:
-    """Evaluate ``model``, upload it and publish it as ``round``, recording it in ``summary``."""
-    val_loss = evaluate(model, val)
-    known = [c for c in used if c.train_loss is not None]
-    tokens = sum(c.tokens for c in known)
-    train_loss = sum(c.train_loss * c.tokens for c in known) / tokens if tokens else None
-    digest = transport.put_blob(state_to_bytes(model.state_dict()))
-    publish = RoundPublish(
-        round=round, model=digest, val_loss=val_loss, train_loss=train_loss, contributions=len(used)
-    )
-    transport.publish_round(publish)
-    summary.round = round
-    summary.val_losses[round] = val_loss
-    summary.contributions += len(used)
-    shown = "-" if train_loss is None else f"{train_loss:.4f}"
-    transport.log(
-        f"published round {round}: {len(used)} contributions, val loss {val_loss:.4f}, train loss {shown}"
-    )
+def _fmt(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.4f}"
 
 
-def _outer_step(
-    model: nn.Module, outer: torch.optim.Optimizer, used: list[tuple[Contribution, Delta]]
-) -> None:
-    """Treat the token-weighted mean pseudo-gradient as the gradient of one outer SGD step."""
+def _weighted_mean(used: list[tuple[Contribution, Delta]]) -> Delta:
+    """The token-weighted mean pseudo-gradient (each contribution once if nobody reported tokens)."""
     weights = [float(c.tokens) for c, _ in used]
-    if sum(weights) == 0:  # nobody reported tokens: count each contribution once
+    if sum(weights) == 0:
         weights = [1.0] * len(used)
     total = sum(weights)
-    for name, p in model.named_parameters():
-        p.grad = sum(w / total * delta[name] for w, (_, delta) in zip(weights, used, strict=True))
-    outer.step()
-    outer.zero_grad(set_to_none=True)
+    names = used[0][1].keys()
+    return {
+        name: sum(w / total * delta[name] for w, (_, delta) in zip(weights, used, strict=True))
+        for name in names
+    }
 
 
 class _Gatherer:

@@ -44,9 +44,10 @@ class ByteDataset:
         return part
 
 
-def round_generator(seed: int, worker_index: int, round: int) -> torch.Generator:
-    """A generator whose stream depends only on (seed, worker_index, round)."""
-    digest = hashlib.sha256(f"{seed}/{worker_index}/{round}".encode()).digest()
+def round_generator(seed: int, worker_index: int, round: int, rank: int = 0) -> torch.Generator:
+    """A generator whose stream depends only on (seed, worker_index, round, local rank)."""
+    key = f"{seed}/{worker_index}/{round}" + (f"/{rank}" if rank else "")  # rank 0: as before ranks existed
+    digest = hashlib.sha256(key.encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 

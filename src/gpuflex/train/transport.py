@@ -1,12 +1,13 @@
 """The runtime's one window on the network: the ``Transport`` interface, and ``LocalTransport``.
 
-Workers and the aggregator only ever call these seven methods. The agent hands the task a
+Workers and the aggregator only ever call these eight methods. The agent hands the task a
 transport that speaks HTTP to the coordinator; ``LocalTransport`` keeps everything in memory
 with the coordinator's semantics, for tests and for training on one machine:
 
 - blobs are content-addressed: ``put_blob`` returns the sha256 of the bytes;
 - rounds are published in order, 0, 1, 2, ...; publishing round r+1 closes round r, so a
   contribution for a closed round is refused (``submit_contribution`` returns False);
+- round 0 and the last round carry a full checkpoint, every later round its aggregated update;
 - the job is finished once round ``rounds`` is published.
 """
 
@@ -41,6 +42,10 @@ class Transport(Protocol):
 
     def latest_round(self) -> RoundState | None:
         """The newest published round; None before round 0 is published."""
+        ...
+
+    def round_state(self, round: int) -> RoundState:
+        """A published round (its update and state hash), for catching up."""
         ...
 
     def submit_contribution(self, c: ContributionSubmit) -> bool:
@@ -128,6 +133,12 @@ class LocalTransport:
         with self._hub.lock:
             return self._latest()
 
+    def round_state(self, round: int) -> RoundState:
+        with self._hub.lock:
+            if not 0 <= round < len(self._hub.published):
+                raise NotFound(f"round {round} is not published")
+            return self._state(self._hub.published[round])
+
     def submit_contribution(self, c: ContributionSubmit) -> bool:
         with self._hub.lock:
             latest = self._latest()
@@ -153,8 +164,13 @@ class LocalTransport:
             expected = len(self._hub.published)
             if p.round != expected or expected > self._hub.rounds:
                 raise Conflict(f"cannot publish round {p.round}: the next round is {expected}")
-            if p.model not in self._hub.blobs:
-                raise BadRequest(f"round {p.round} names model blob {p.model}, which was never uploaded")
+            for digest in (p.update, p.checkpoint):
+                if digest is not None and digest not in self._hub.blobs:
+                    raise BadRequest(f"round {p.round} names blob {digest}, which was never uploaded")
+            if p.checkpoint is None and p.round in (0, self._hub.rounds):
+                raise BadRequest(f"round {p.round} must carry the full state (checkpoint)")
+            if p.update is None and p.round > 0:
+                raise BadRequest(f"round {p.round} must carry its aggregated update")
             self._hub.published.append(p)
 
     def log(self, message: str) -> None:
@@ -180,7 +196,16 @@ class LocalTransport:
             return list(self._hub.logs)
 
     def _latest(self) -> RoundState | None:
-        if not self._hub.published:
-            return None
-        p = self._hub.published[-1]
-        return RoundState(round=p.round, model=p.model, finished=p.round >= self._hub.rounds)
+        return self._state(self._hub.published[-1]) if self._hub.published else None
+
+    def _state(self, p: RoundPublish) -> RoundState:
+        checkpoint = next(q for q in reversed(self._hub.published) if q.checkpoint is not None)
+        return RoundState(
+            round=p.round,
+            state_hash=p.state_hash,
+            update=p.update,
+            checkpoint=checkpoint.checkpoint,
+            checkpoint_round=checkpoint.round,
+            tokens=p.tokens,
+            finished=len(self._hub.published) > self._hub.rounds,
+        )

@@ -1,35 +1,41 @@
-"""A DiLoCo worker: inner AdamW steps on its shard, then a compressed pseudo-gradient upload.
+"""A DiLoCo worker: inner AdamW steps on its shard, a compressed pseudo-gradient up, a compressed update down.
 
-One round, as the worker sees it::
+One round, as the worker sees it (``label`` is the round it contributes to)::
 
-    state = wait for a round newer than the last one contributed to (or the job finished)
-    θ_r = load(get_blob(state.model))                 # verified against its hash
-    θ_i = θ_r; repeat H times: θ_i = AdamW step on a batch of this worker's shard
-    Δ = θ_r - θ_i
-    blob = compress(Δ + residual); residual = what compression lost   # error feedback
-    submit_contribution(round=r, delta=put_blob(blob), tokens=H·batch·block, ...)
+    y = θ_start; repeat H times (or until round_seconds): y = AdamW step on a batch of this shard
+    wait until round ``label`` is published; replica ← θ_label (apply its update, check the hash)
+    Δ = θ_start - y;  submit(label, compress(Δ + residual))          # error feedback keeps the rest
+    synchronous:  wait for round label + 1, replica ← θ_label+1, θ_start = θ_label+1
+    overlap:      θ_start = θ_label - Δ (our own step stands in for the average we don't have yet),
+                  and the next round's compute starts while this exchange is still in flight
 
-The AdamW state lives across rounds, as in DiLoCo. A contribution refused as stale (the
-round closed while this worker trained) is dropped, and so is its error-feedback residual.
+The worker holds a replica of the global model and outer optimizer (``GlobalReplica``), so per
+round it receives only the aggregated compressed update; the whole state is fetched only to join
+or to resync. The AdamW state lives across rounds, as in DiLoCo.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from gpuflex.protocol.messages import ContributionSubmit, RoundState, TaskConfig
-from gpuflex.train.checkpoint import load_into
 from gpuflex.train.compression import ErrorFeedback, get_compressor
-from gpuflex.train.data import ByteDataset, round_generator, sample_batch
-from gpuflex.train.recipes import build_model
+from gpuflex.train.data import round_generator
+from gpuflex.train.device_group import DeviceGroup
+from gpuflex.train.outer import GlobalReplica
+from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task
+from gpuflex.train.sync import sync
 from gpuflex.train.transport import Transport, fetch_verified, wait_for_round
 
 GRAD_CLIP = 1.0  # max gradient norm of an inner step, as in nanoGPT: keeps early steps from blowing up
+
+Params = dict[str, Tensor]
 
 
 @dataclass
@@ -38,51 +44,94 @@ class WorkerSummary:
     stale: list[int] = field(default_factory=list)  # rounds that closed before the contribution arrived
     tokens: int = 0  # tokens trained on in accepted contributions
     bytes_sent: int = 0  # pseudo-gradient bytes uploaded, stale ones included
+    bytes_received: int = 0  # updates and checkpoints downloaded (the dataset not counted)
+    compute_s: float = 0.0  # time spent in inner steps
+    wall_s: float = 0.0  # time from the first round's start to the end
     finished: bool = False  # the job finished (rather than this worker being told to stop)
+
+    @property
+    def utilization(self) -> float:
+        return self.compute_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
 class RoundResult:
-    delta: dict[str, Tensor]
+    delta: Params  # θ_start - y
     steps: int
     train_loss: float
+    compute_s: float
 
 
 class Replica:
-    """This worker's model, inner optimizer and error feedback: everything kept between rounds."""
+    """This worker's training model, inner optimizer, error feedback and global replica."""
 
-    def __init__(self, config: TaskConfig, shard: Tensor):
+    def __init__(
+        self,
+        config: TaskConfig,
+        recipe: Recipe,
+        data: TaskData,
+        group: DeviceGroup | None = None,
+        *,
+        after_step: Callable[[float], None] | None = None,
+    ):
         self.spec = config.training
+        self.after_step = after_step  # called with each inner step's duration (a slowdown, a fault)
         self.worker_index = config.worker_index
-        self.shard = shard
-        self.model = build_model(self.spec)
+        self.recipe = recipe
+        self.data = data
+        self.group = group
+        self.device = group.device if group else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = build_model(self.spec, recipe).to(self.device)
+        self.trained = group.wrap(self.model) if group else self.model  # what forward/backward go through
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.spec.lr, weight_decay=self.spec.weight_decay
         )
-        self.feedback = ErrorFeedback(get_compressor(self.spec.compression))
+        compressor = get_compressor(self.spec.compression)
+        self.feedback = ErrorFeedback(compressor, decay=self.spec.compression.error_decay)
+        self.decode = compressor.decompress
+        self.global_ = GlobalReplica(build_model(self.spec, recipe), self.spec)
 
-    def train_round(
-        self, round: int, model_blob: bytes, should_stop: Callable[[], bool]
-    ) -> RoundResult | None:
-        """H inner steps from the global model in ``model_blob``; None if told to stop midway."""
-        load_into(self.model, model_blob)
-        start = {n: p.detach().clone() for n, p in self.model.named_parameters()}
-        generator = round_generator(self.spec.seed, self.worker_index, round)
-        block = self.spec.model.block_size
+    @property
+    def tokens_per_step(self) -> int:
+        return self.data.tokens_per_batch * (self.group.size if self.group else 1)
+
+    def global_params(self) -> Params:
+        return {n: p.detach().clone() for n, p in self.global_.parameters().items()}
+
+    def train_round(self, start: Params, label: int, should_stop: Callable[[], bool]) -> RoundResult | None:
+        """Inner steps from ``start``: ``inner_steps`` of them, or as many as fit in ``round_seconds``."""
+        began = time.monotonic()
+        rank = self.group.rank if self.group else 0
+        if rank == 0 and self.group:
+            self.group.begin_round(start, label)
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                p.copy_(start[name])
+        generator = round_generator(self.spec.seed, self.worker_index, label, rank)
         self.model.train()
-        losses = []
-        for _ in range(self.spec.inner_steps):
+        losses: list[float] = []
+        while len(losses) < self.spec.inner_steps and not self._out_of_time(began, len(losses)):
             if should_stop():
                 return None
-            inputs, targets = sample_batch(self.shard, self.spec.batch_size, block, generator)
-            _, loss = self.model(inputs, targets)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
-            self.optimizer.step()
-            losses.append(loss.item())
-        delta = {n: start[n] - p.detach() for n, p in self.model.named_parameters()}
-        return RoundResult(delta=delta, steps=len(losses), train_loss=sum(losses) / len(losses))
+            step_began = time.monotonic()
+            losses.append(self._step(generator))
+            if self.after_step is not None:
+                self.after_step(time.monotonic() - step_began)
+        delta = {n: start[n] - p.detach().cpu() for n, p in self.model.named_parameters()}
+        return RoundResult(delta, len(losses), sum(losses) / len(losses), time.monotonic() - began)
+
+    def _out_of_time(self, began: float, steps: int) -> bool:
+        budget = self.spec.round_seconds
+        return budget is not None and steps > 0 and time.monotonic() - began >= budget
+
+    def _step(self, generator: torch.Generator) -> float:
+        batch = tuple(t.to(self.device) for t in self.data.sample(generator))
+        loss = self.recipe.loss(self.trained, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
+        self.optimizer.step()
+        return loss.item()
 
 
 def run_worker(
@@ -91,56 +140,119 @@ def run_worker(
     *,
     poll_interval_s: float = 0.2,
     should_stop: Callable[[], bool] = lambda: False,
+    after_step: Callable[[float], None] | None = None,
 ) -> WorkerSummary:
-    """Contribute to every round from the latest published one until the job finishes or ``should_stop``."""
-    spec = config.training
-    dataset = ByteDataset(fetch_verified(transport, config.dataset), spec.model.block_size)
-    replica = Replica(config, dataset.shard(config.worker_index, config.num_workers))
-    summary = WorkerSummary()
-    last = -1
-    while (state := wait_for_round(transport, last, poll_interval_s, should_stop)) is not None:
-        if state.finished:
-            summary.finished = True
-            break
-        if not _contribute(replica, state, transport, summary, should_stop):
-            break
-        last = state.round
-    return summary
+    """Contribute to every round from the latest published one until the job finishes or ``should_stop``.
 
+    ``after_step`` is called after each inner step with its duration in seconds, inside the round's
+    time: ``gpuflex.train.local`` sleeps there to make a worker k times slower.
+    """
+    blobs: dict[str, bytes] = {}
 
-def _contribute(
-    replica: Replica,
-    state: RoundState,
-    transport: Transport,
-    summary: WorkerSummary,
-    should_stop: Callable[[], bool],
-) -> bool:
-    """Train on round ``state`` and submit; False if told to stop before submitting."""
+    def fetch(digest: str) -> bytes:
+        blobs[digest] = fetch_verified(transport, digest)
+        return blobs[digest]
+
+    recipe, data = for_task(config, fetch)
+    group = DeviceGroup.start(config, blobs, _follow) if config.training.local_devices > 1 else None
+    replica = Replica(config, recipe, data, group, after_step=after_step)
+    loop = _Loop(replica, transport, WorkerSummary(), poll_interval_s, should_stop)
     began = time.monotonic()
-    result = replica.train_round(state.round, fetch_verified(transport, state.model), should_stop)
-    if result is None:
-        return False
-    blob = replica.feedback.compress(result.delta)
-    spec = replica.spec
-    tokens = result.steps * spec.batch_size * spec.model.block_size
-    submission = ContributionSubmit(
-        round=state.round,
-        delta=transport.put_blob(blob),
-        tokens=tokens,
-        steps=result.steps,
-        train_loss=result.train_loss,
-    )
-    accepted = transport.submit_contribution(submission)
-    summary.bytes_sent += len(blob)
-    if accepted:
-        summary.contributed.append(state.round)
-        summary.tokens += tokens
-    else:
-        replica.feedback.revert()
-        summary.stale.append(state.round)
-    transport.log(
-        f"round {state.round}: {result.steps} steps, train loss {result.train_loss:.4f}, "
-        f"sent {len(blob) / 1e3:.1f} kB ({spec.compression}) in {time.monotonic() - began:.1f}s, "
-        + ("accepted" if accepted else "stale: the round had closed")
-    )
-    return True
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange") as exchange:
+            loop.exchange = exchange
+            loop.run()
+    finally:
+        if group is not None:  # followers wait at a round boundary unless we stopped mid-round
+            group.close(abort=not loop.summary.finished)
+    loop.summary.wall_s = time.monotonic() - began
+    return loop.summary
+
+
+def _follow(group: DeviceGroup, config: TaskConfig, blobs: dict[str, bytes]) -> None:
+    """Ranks 1..N-1 of a replica: train every round rank 0 starts, in lockstep with it."""
+    recipe, data = for_task(config, blobs.__getitem__)
+    replica = Replica(config, recipe, data, group)
+    while (round_ := group.next_round(like=replica.global_params())) is not None:
+        replica.train_round(*round_, should_stop=lambda: False)
+
+
+@dataclass
+class _Loop:
+    replica: Replica
+    transport: Transport
+    summary: WorkerSummary
+    poll_interval_s: float
+    should_stop: Callable[[], bool]
+    exchange: ThreadPoolExecutor | None = None
+    pending: Future | None = None
+
+    def wait(self, newer_than: int) -> RoundState | None:
+        return wait_for_round(self.transport, newer_than, self.poll_interval_s, self.should_stop)
+
+    def catch_up(self, state: RoundState) -> None:
+        self.summary.bytes_received += sync(self.replica.global_, self.transport, state, self.replica.decode)
+
+    def run(self) -> None:
+        state = self.wait(-1)
+        if state is None or state.finished:
+            self.summary.finished = state is not None
+            return
+        self.catch_up(state)
+        start, label = self.replica.global_params(), state.round
+        while (result := self.replica.train_round(start, label, self.should_stop)) is not None:
+            self.summary.compute_s += result.compute_s
+            state = self.wait(label - 1)  # round ``label`` must be published to contribute to it
+            if state is None or state.finished:
+                break
+            if state.round > label:  # the round closed while we trained: start again from the newest
+                self.summary.stale.append(label)
+                self.catch_up(state)
+                start, label = self.replica.global_params(), state.round
+                continue
+            self.catch_up(state)
+            self.submit(label, result)
+            if self.replica.spec.overlap:
+                start = {n: p - result.delta[n] for n, p in self.replica.global_params().items()}
+                label += 1
+                continue
+            self.settle()
+            state = self.wait(label)
+            if state is None or state.finished:
+                break
+            self.catch_up(state)
+            start, label = self.replica.global_params(), state.round
+        self.settle()
+        self.summary.finished = bool(state and state.finished)
+
+    def submit(self, label: int, result: RoundResult) -> None:
+        """Compress and hand the contribution to the exchange thread (after the previous one is done)."""
+        self.settle()
+        blob = self.replica.feedback.compress(result.delta)
+        tokens = result.steps * self.replica.tokens_per_step
+        submission = ContributionSubmit(
+            round=label, delta="0" * 64, tokens=tokens, steps=result.steps, train_loss=result.train_loss
+        )
+        self.pending = self.exchange.submit(self._send, blob, submission, result)
+
+    def _send(self, blob: bytes, submission: ContributionSubmit, result: RoundResult) -> None:
+        submission = submission.model_copy(update={"delta": self.transport.put_blob(blob)})
+        accepted = self.transport.submit_contribution(submission)
+        self.summary.bytes_sent += len(blob)
+        if accepted:
+            self.summary.contributed.append(submission.round)
+            self.summary.tokens += submission.tokens
+        else:
+            self.replica.feedback.revert()
+            self.summary.stale.append(submission.round)
+        self.transport.log(
+            f"round {submission.round}: {result.steps} steps, train loss {result.train_loss:.4f}, "
+            f"sent {len(blob) / 1e3:.1f} kB ({self.replica.spec.compression.label}), "
+            f"compute {result.compute_s:.1f}s, " + ("accepted" if accepted else "stale: the round had closed")
+        )
+
+    def settle(self) -> None:
+        """Wait for the exchange in flight, re-raising its error."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()

@@ -1,13 +1,17 @@
 """Jobs, seen only by the account that submitted them."""
 
+import logging
+
 from fastapi import APIRouter, Response
 
 from gpuflex.coordinator.auth import Consumer, Ctx
+from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.services import jobs
 from gpuflex.errors import Conflict
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
+log = logging.getLogger("gpuflex.coordinator")
 
 
 @router.post("", status_code=201)
@@ -15,7 +19,9 @@ def submit(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> m.JobInfo:
     """Submit a job; its budget moves into escrow at once (402 if the wallet can't cover it)."""
     with ctx.tx() as s:
         job = jobs.submit(s, account, body, ctx.blobs, ctx.now())
-        return jobs.info(s, job, ctx.now())
+        info = jobs.info(s, job, ctx.now())
+    log.info("job submitted", extra={"job_id": info.id})
+    return info
 
 
 @router.get("")
@@ -34,7 +40,9 @@ def show(job_id: str, account: Consumer, ctx: Ctx) -> m.JobDetail:
 def cancel(job_id: str, account: Consumer, ctx: Ctx) -> m.JobInfo:
     with ctx.tx() as s:
         job = jobs.cancel(s, account, job_id, ctx.now(), fee_bps=ctx.settings.platform_fee_bps)
-        return jobs.info(s, job, ctx.now())
+        info = jobs.info(s, job, ctx.now())
+    log.info("job cancelled", extra={"job_id": job_id})
+    return info
 
 
 @router.get("/{job_id}/logs")
@@ -48,14 +56,16 @@ def logs(job_id: str, account: Consumer, ctx: Ctx) -> list[m.JobEvent]:
     response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
-def checkpoint(job_id: str, account: Consumer, ctx: Ctx) -> Response:
+def checkpoint(job_id: str, account: Consumer, ctx: Ctx, metrics: Metrics) -> Response:
     """The job's final model as safetensors bytes."""
     with ctx.tx() as s:
         job = jobs.owned(s, account, job_id)
     if job.checkpoint is None:
         raise Conflict(f"job {job_id} has no checkpoint yet ({job.state})")
+    data = ctx.blobs.get(job.checkpoint)
+    metrics.bytes_out.inc(len(data))
     return Response(
-        ctx.blobs.get(job.checkpoint),
+        data,
         media_type="application/octet-stream",
         headers={"X-Content-SHA256": job.checkpoint},
     )

@@ -1,15 +1,21 @@
 """Provider nodes: every call is signed with the node's Ed25519 key."""
 
+import logging
+
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
-from gpuflex.auth.signing import node_id_for
+from gpuflex.auth.signing import HEADER_NODE, node_id_for
 from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest
 from gpuflex.coordinator.db import Node
+from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.services import leases, registry
+from gpuflex.coordinator.web import tokens
+from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
+log = logging.getLogger("gpuflex.coordinator")
 
 
 @router.post("/register")
@@ -24,6 +30,7 @@ async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.N
             return registry.register(s, body, ctx.settings, ctx.now())
 
     node = await run_in_threadpool(run)
+    log.info("node registered", extra={"node_id": node.id, "kind": node.kind})
     return m.NodeRegistered(
         node_id=node.id,
         heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
@@ -32,19 +39,25 @@ async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.N
 
 
 @router.post("/heartbeat")
-def heartbeat(body: m.Heartbeat, node: SignedNode, ctx: Ctx) -> m.HeartbeatAck:
+def heartbeat(body: m.Heartbeat, node: SignedNode, ctx: Ctx, metrics: Metrics) -> m.HeartbeatAck:
     with ctx.tx() as s:
         row = s.get(Node, node.id)
         registry.beat(row, ctx.now())
         revoked = leases.renew(s, row, body.leases, ctx.settings, ctx.now())
+    metrics.heartbeats.inc()
     return m.HeartbeatAck(heartbeat_interval_s=ctx.settings.heartbeat_interval_s, revoked=revoked)
 
 
 @router.post("/lease", responses={204: {"description": "no task for this node now"}})
-def lease(node: SignedNode, ctx: Ctx) -> m.LeaseGrant | None:
+def lease(node: SignedNode, ctx: Ctx, metrics: Metrics) -> m.LeaseGrant | None:
     with ctx.tx() as s:
         grant = leases.grant(s, s.get(Node, node.id), ctx.settings, ctx.now())
-    return grant if grant is not None else Response(status_code=204)
+    if grant is None:
+        return Response(status_code=204)
+    metrics.leases_granted.inc()
+    ids = {"job_id": grant.job_id, "node_id": node.id, "lease_id": grant.lease_id, "role": grant.role}
+    log.info("lease granted", extra=ids)
+    return grant
 
 
 @router.post("/leases/{lease_id}/report")
@@ -52,6 +65,7 @@ def report(lease_id: str, body: m.LeaseReport, node: SignedNode, ctx: Ctx) -> di
     """How a lease ended. A stale epoch is refused with 409 and changes nothing."""
     with ctx.tx() as s:
         leases.report(s, s.get(Node, node.id), lease_id, body, ctx.now())
+    log.info("lease reported", extra={"node_id": node.id, "lease_id": lease_id, "outcome": body.outcome})
     return {"status": "recorded"}
 
 
@@ -61,3 +75,24 @@ def leave(node: SignedNode, ctx: Ctx) -> dict[str, str]:
     with ctx.tx() as s:
         registry.leave(s.get(Node, node.id))
     return {"status": "left"}
+
+
+@router.post("/dashboard-token")
+async def dashboard_token(signed: SignedRequest, ctx: Ctx) -> dict[str, str | float]:
+    """A short-lived link that signs this node in to its own earnings page on the dashboard.
+
+    A node that has left may still ask: its earnings outlive its time on the market.
+    """
+
+    def run() -> str:
+        with ctx.tx() as s:
+            node = s.get(Node, signed[3].get(HEADER_NODE, ""))
+            if node is None:
+                raise Unauthorized("unknown node: register first")
+            registry.check_signature(s, node.public_key, node.id, signed, ctx.settings, ctx.now())
+            return node.id
+
+    node_id = await run_in_threadpool(run)
+    expires_at = ctx.now() + ctx.settings.dashboard_link_ttl_s
+    token = tokens.issue(ctx.settings.resolved_dashboard_secret(), node_id, "link", expires_at)
+    return {"token": token, "expires_at": expires_at, "path": f"/dashboard/provider/signin?token={token}"}

@@ -1,13 +1,17 @@
 """The round protocol as a task subprocess sees it, authenticated by its lease's task token."""
 
+import logging
+
 from fastapi import APIRouter, Query, Response
 
 from gpuflex.coordinator.auth import Ctx, TaskLease
 from gpuflex.coordinator.db import JobEvent
+from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.services import rounds
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/task", tags=["tasks"])
+logger = logging.getLogger("gpuflex.coordinator")  # `log` is the route below
 
 
 @router.get("/round", responses={204: {"description": "round 0 is not published yet"}})
@@ -15,6 +19,13 @@ def latest_round(lease: TaskLease, ctx: Ctx) -> m.RoundState | None:
     with ctx.tx() as s:
         state = rounds.latest(s, lease)
     return state if state is not None else Response(status_code=204)
+
+
+@router.get("/rounds/{round_}")
+def round_state(round_: int, lease: TaskLease, ctx: Ctx) -> m.RoundState:
+    """A published round, for a replica catching up update by update."""
+    with ctx.tx() as s:
+        return rounds.get(s, lease, round_)
 
 
 @router.post("/contributions")
@@ -31,9 +42,12 @@ def contributions(lease: TaskLease, ctx: Ctx, round: int = Query(ge=0)) -> m.Con
 
 
 @router.post("/rounds")
-def publish(body: m.RoundPublish, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
+def publish(body: m.RoundPublish, lease: TaskLease, ctx: Ctx, metrics: Metrics) -> dict[str, str]:
     with ctx.tx() as s:
         rounds.publish(s, lease, body, ctx.blobs, ctx.now(), fee_bps=ctx.settings.platform_fee_bps)
+    metrics.rounds_published.inc()
+    ids = {"job_id": lease.job_id, "node_id": lease.node_id, "round": body.round}
+    logger.info("round published", extra=ids)
     return {"status": "published"}
 
 

@@ -27,14 +27,18 @@ MAX_TASK_FAILURES = 3
 
 
 def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStore, now: float) -> Job:
-    if not blobs.exists(msg.dataset):
-        raise BadRequest(f"dataset blob {msg.dataset} is not in the blob store: upload it first")
+    for what, digest in (("dataset", msg.dataset), ("recipe code", msg.recipe_code)):
+        if digest is not None and not blobs.exists(digest):
+            raise BadRequest(f"{what} blob {digest} is not in the blob store: upload it first")
+    if (msg.spec.training.recipe == "user") != (msg.recipe_code is not None):
+        raise BadRequest("recipe 'user' needs its recipe code uploaded, and only it takes recipe code")
     job = Job(
         id=new_id("j"),
         account_id=account.id,
         name=msg.spec.name,
         spec=msg.spec.model_dump(mode="json"),
         dataset=msg.dataset,
+        recipe_code=msg.recipe_code,
         state="pending",
         reason="",
         created_at=now,
@@ -91,8 +95,6 @@ def finish(session: Session, job: Job, state: str, reason: str, now: float, *, f
     job.state, job.reason, job.finished_at = state, reason, now
     leases.end_for_job(session, job, now, task_state="completed" if state == "completed" else "cancelled")
     session.flush()
-    latest = session.get(Round, (job.id, job.round)) if job.round >= 0 else None
-    job.checkpoint = latest.model if latest else None
     costs: dict[str, int] = defaultdict(int)
     for lease in session.scalars(select(Lease).where(Lease.job_id == job.id)):
         costs[accounts.provider(lease.node_id)] += lease.cost_micro
@@ -174,7 +176,9 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
         rounds_log=[
             m.RoundInfo(
                 round=r.round,
-                model=r.model,
+                update=r.update,
+                checkpoint=r.checkpoint,
+                tokens=r.tokens,
                 val_loss=r.val_loss,
                 train_loss=r.train_loss,
                 contributions=r.contributions,

@@ -82,6 +82,7 @@ def grant(session: Session, node: Node, settings: CoordinatorSettings, now: floa
         num_workers=spec.resources.workers,
         training=spec.training,
         dataset=job.dataset,
+        recipe_code=job.recipe_code,
     )
     return LeaseGrant(
         lease_id=lease.id,

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Round, Task
 from gpuflex.coordinator.services import jobs
-from gpuflex.errors import BadRequest, Conflict, Forbidden
+from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage import BlobStore
@@ -25,13 +25,37 @@ def _require_role(session: Session, lease: Lease, role: str) -> Task:
     return task
 
 
-def latest(session: Session, lease: Lease) -> m.RoundState | None:
-    job = session.get(Job, lease.job_id)
+def _state(job: Job, row: Round | None) -> m.RoundState:
     finished = job.state not in jobs.OPEN_JOB_STATES
-    if job.round < 0:
-        return m.RoundState(round=-1, model=None, finished=True) if finished else None
-    newest = session.get(Round, (job.id, job.round))
-    return m.RoundState(round=job.round, model=newest.model, finished=finished)
+    if row is None:
+        return m.RoundState(round=-1, finished=finished)
+    return m.RoundState(
+        round=row.round,
+        state_hash=row.state_hash,
+        update=row.update,
+        checkpoint=job.checkpoint,
+        checkpoint_round=job.checkpoint_round,
+        tokens=row.tokens,
+        finished=finished,
+    )
+
+
+def latest(session: Session, lease: Lease) -> m.RoundState | None:
+    """The newest published round; None while round 0 is awaited (a finished job always answers)."""
+    job = session.get(Job, lease.job_id)
+    row = session.get(Round, (job.id, job.round)) if job.round >= 0 else None
+    if row is None and job.state in jobs.OPEN_JOB_STATES:
+        return None
+    return _state(job, row)
+
+
+def get(session: Session, lease: Lease, round_: int) -> m.RoundState:
+    """A published round, for a replica catching up update by update."""
+    job = session.get(Job, lease.job_id)
+    row = session.get(Round, (job.id, round_))
+    if row is None:
+        raise NotFound(f"round {round_} of job {job.id} is not published")
+    return _state(job, row)
 
 
 def contribute(
@@ -47,8 +71,7 @@ def contribute(
         return False
     if msg.round > job.round:
         raise Conflict(f"round {msg.round} is not open; the newest is {job.round}")
-    if not blobs.exists(msg.delta):
-        raise BadRequest(f"blob {msg.delta} is not in the blob store: upload it first")
+    _check_blobs_exist(blobs, msg.delta)
     previous = session.scalars(
         select(Contribution).where(
             Contribution.job_id == job.id, Contribution.round == msg.round, Contribution.task_id == task.id
@@ -105,6 +128,12 @@ def contributions(session: Session, lease: Lease, round_: int) -> m.Contribution
     )
 
 
+def _check_blobs_exist(blobs: BlobStore, *digests: str | None) -> None:
+    for digest in digests:
+        if digest is not None and not blobs.exists(digest):
+            raise BadRequest(f"blob {digest} is not in the blob store: upload it first")
+
+
 def publish(
     session: Session, lease: Lease, msg: m.RoundPublish, blobs: BlobStore, now: float, *, fee_bps: int
 ) -> None:
@@ -115,19 +144,28 @@ def publish(
         raise Conflict(f"job {job.id} has ended ({job.state})")
     if msg.round != job.round + 1:
         raise Conflict(f"expected round {job.round + 1}, got {msg.round}")
-    if not blobs.exists(msg.model):
-        raise BadRequest(f"blob {msg.model} is not in the blob store: upload it first")
+    _check_blobs_exist(blobs, msg.update, msg.checkpoint)
+    last = JobSpec.model_validate(job.spec).training.rounds
+    if msg.checkpoint is None and msg.round in (0, last):
+        raise BadRequest(f"round {msg.round} must carry the full state (checkpoint)")
+    if msg.update is None and msg.round > 0:
+        raise BadRequest(f"round {msg.round} must carry its aggregated update")
     session.add(
         Round(
             job_id=job.id,
             round=msg.round,
-            model=msg.model,
+            state_hash=msg.state_hash,
+            update=msg.update,
+            checkpoint=msg.checkpoint,
+            tokens=msg.tokens,
             val_loss=msg.val_loss,
             train_loss=msg.train_loss,
             contributions=msg.contributions,
             published_at=now,
         )
     )
+    if msg.checkpoint is not None:
+        job.checkpoint, job.checkpoint_round = msg.checkpoint, msg.round
     job.round = msg.round
     job.val_loss = msg.val_loss
     job.train_loss = msg.train_loss
@@ -142,5 +180,5 @@ def publish(
         )
     )
     session.flush()
-    if msg.round >= JobSpec.model_validate(job.spec).training.rounds:
+    if msg.round >= last:
         jobs.finish(session, job, "completed", "", now, fee_bps=fee_bps)

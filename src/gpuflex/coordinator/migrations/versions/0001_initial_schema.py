@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-22 02:19:54.383105
+Create Date: 2026-11-22 03:06:04.591861
 """
 
 import sqlalchemy as sa
@@ -82,7 +82,8 @@ def upgrade() -> None:
         sa.Column("account_id", sa.String(length=32), nullable=False),
         sa.Column("name", sa.String(length=100), nullable=False),
         sa.Column("spec", sa.JSON(), nullable=False),
-        sa.Column("dataset", sa.String(length=64), nullable=False),
+        sa.Column("dataset", sa.String(length=64), nullable=True),
+        sa.Column("recipe_code", sa.String(length=64), nullable=True),
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
@@ -93,6 +94,7 @@ def upgrade() -> None:
         sa.Column("val_loss", sa.Float(), nullable=True),
         sa.Column("train_loss", sa.Float(), nullable=True),
         sa.Column("checkpoint", sa.String(length=64), nullable=True),
+        sa.Column("checkpoint_round", sa.Integer(), nullable=False),
         sa.ForeignKeyConstraint(
             ["account_id"],
             ["accounts.id"],
@@ -122,7 +124,10 @@ def upgrade() -> None:
         "rounds",
         sa.Column("job_id", sa.String(length=32), nullable=False),
         sa.Column("round", sa.Integer(), nullable=False),
-        sa.Column("model", sa.String(length=64), nullable=False),
+        sa.Column("state_hash", sa.String(length=64), nullable=False),
+        sa.Column("update", sa.String(length=64), nullable=True),
+        sa.Column("checkpoint", sa.String(length=64), nullable=True),
+        sa.Column("tokens", sa.BigInteger(), nullable=False),
         sa.Column("val_loss", sa.Float(), nullable=True),
         sa.Column("train_loss", sa.Float(), nullable=True),
         sa.Column("contributions", sa.Integer(), nullable=False),

@@ -1,0 +1,130 @@
+"""The benchmark's baseline: DDP, a gloo all-reduce of the gradients after every step, on a simulated link.
+
+W processes (``torch.multiprocessing.spawn``, one torch thread each) train the same seeded model on
+the same shards and batch size as DiLoCo's workers, with the same AdamW and gradient clipping,
+wrapped in ``DistributedDataParallel``. A DDP communication hook does each bucket's all-reduce and
+models the link there: a ring all-reduce of b bytes makes each worker send 2·(W−1)/W·b bytes and
+receive as many, at the same time (the link is full duplex), so the hook counts both and sleeps
+``link.delay_s(2·(W−1)/W·b)``: one latency per bucket, which is generous to DDP (a real ring pays
+2·(W−1) hops). The bytes of DDP's initial broadcast of the model are counted as each worker's join,
+as DiLoCo's workers count the checkpoint they join from.
+
+Rank 0 evaluates on the shared validation batches every ``eval_every`` steps between two barriers;
+that time is taken out of every rank's wall time. Utilization is (wall - time in the hook) / wall.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.train.data import round_generator
+from gpuflex.train.recipes import build_model, evaluate, get_recipe
+from gpuflex.train.throttle import Link
+from gpuflex.train.worker import GRAD_CLIP
+
+
+@dataclass
+class DdpResult:
+    val_loss: float
+    bytes_per_worker: float  # sent + received, the join included
+    wall_s: float  # the training loop, evaluation excluded
+    utilization: float
+    curve: list[tuple[int, float, float]] = field(default_factory=list)  # (bytes, seconds, val loss)
+
+
+@dataclass
+class _Hook:
+    """The comm hook's state: the link, and what this rank has sent, received and waited."""
+
+    world: int
+    link: Link
+    bytes: int = 0
+    comm_s: float = 0.0
+
+
+def _throttled_allreduce(state: _Hook, bucket):  # unannotated: DDP checks them, and ours are strings
+    """All-reduce one bucket (a ``dist.GradBucket``) as the link would carry it; a done Future of the mean."""
+    began = time.monotonic()
+    tensor = bucket.buffer()
+    wire = 2 * (state.world - 1) / state.world * tensor.numel() * tensor.element_size()
+    time.sleep(state.link.delay_s(round(wire)))
+    dist.all_reduce(tensor)
+    tensor.div_(state.world)
+    state.bytes += 2 * round(wire)  # sent and received
+    state.comm_s += time.monotonic() - began
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(tensor)
+    return done
+
+
+def run_ddp(
+    spec: TrainingSpec, corpus: bytes, workers: int, steps: int, link: Link, eval_every: int
+) -> DdpResult:
+    """Train ``steps`` DDP steps on ``workers`` processes over ``link``; rank 0's measurements."""
+    with TemporaryDirectory(prefix="gpuflex-ddp-") as tmp:
+        args = (workers, spec, corpus, steps, link, eval_every, tmp)
+        mp.start_processes(_rank_main, args=args, nprocs=workers, join=True, start_method="spawn")
+        return DdpResult(**json.loads((Path(tmp) / "rank0.json").read_text()))
+
+
+def _rank_main(
+    rank: int,
+    workers: int,
+    spec: TrainingSpec,
+    corpus: bytes,
+    steps: int,
+    link: Link,
+    eval_every: int,
+    tmp: str,
+) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=workers)
+    try:
+        result = _train(rank, workers, spec, corpus, steps, link, eval_every)
+        if rank == 0:
+            (Path(tmp) / "rank0.json").write_text(json.dumps(asdict(result)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(
+    rank: int, workers: int, spec: TrainingSpec, corpus: bytes, steps: int, link: Link, eval_every: int
+) -> DdpResult:
+    recipe = get_recipe(spec.recipe)
+    data = recipe.build_data(corpus, spec, rank, workers)
+    model = build_model(spec, recipe)
+    join = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    ddp = DistributedDataParallel(model)
+    hook = _Hook(workers, link, bytes=join)
+    ddp.register_comm_hook(hook, _throttled_allreduce)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    generator = round_generator(spec.seed, rank, 0)
+    curve: list[tuple[int, float, float]] = []
+    dist.barrier()
+    began, paused = time.monotonic(), 0.0
+    for step in range(1, steps + 1):
+        loss = recipe.loss(ddp, data.sample(generator))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        optimizer.step()
+        if step % eval_every == 0 or step == steps:
+            pause = time.monotonic()
+            dist.barrier()
+            val = evaluate(recipe, model, data.validation) if rank == 0 else None
+            dist.barrier()
+            paused += time.monotonic() - pause
+            if val is not None:
+                curve.append((hook.bytes, time.monotonic() - began - paused, val))
+    wall = time.monotonic() - began - paused
+    return DdpResult(curve[-1][2] if curve else float("nan"), hook.bytes, wall, 1 - hook.comm_s / wall, curve)

@@ -1,0 +1,209 @@
+"""``gpuflex train local``: the training runtime on its own, a job's replicas as processes on this machine.
+
+    gpuflex train local --recipe char-gpt --workers 4 --inner-steps 50 --compression int8
+    gpuflex train local --compression topk --density 0.02 --outer-momentum 0 --error-decay 0.95 \\
+        --overlap --bandwidth-mbit 100 --latency-ms 50 --slow-worker 3 --round-seconds 5
+
+It builds the text to train on (the standard library's source, or the UTF-8 files under
+``--data DIR``, whatever their extension), runs ``gpuflex.train.local.run_local`` and prints a line
+per round as it is published, then each worker's traffic and compute utilization. No coordinator,
+no marketplace. The torch-heavy runtime is imported only when the command runs, so ``gpuflex --help``
+stays quick.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from gpuflex.errors import BadRequest, SpecError
+from gpuflex.protocol.spec import TrainingSpec, describe_validation_error
+
+if TYPE_CHECKING:
+    from gpuflex.train.local import LocalWorker, RoundRecord, WorkerOptions
+
+console = Console()
+train_app = typer.Typer(help="Train without the marketplace.", no_args_is_help=True)
+
+STDLIB_EXTENSIONS = [".py"]
+
+
+def text_extensions(source: str) -> list[str]:
+    """The file extensions to read under ``source``: the standard library's ``.py``, or every extension
+    found in the directory (build_corpus then skips the files that are not UTF-8 text)."""
+    if source == "stdlib":
+        return STDLIB_EXTENSIONS
+    root = Path(source).expanduser()
+    found = {p.suffix for p in root.rglob("*") if p.suffix and p.is_file()} if root.is_dir() else set()
+    return sorted(found) or STDLIB_EXTENSIONS  # none: build_corpus explains what is missing
+
+
+def build_spec(fields: dict[str, Any]) -> TrainingSpec:
+    """A TrainingSpec from the command's options; SpecError naming each bad one."""
+    try:
+        return TrainingSpec.model_validate(fields)
+    except ValidationError as err:
+        raise SpecError(f"invalid option: {describe_validation_error(err)}") from None
+
+
+@train_app.command("local")
+def local(
+    recipe: Annotated[str, typer.Option(help="char-gpt | hf-causal-lm | mlp-digits | user")] = "char-gpt",
+    recipe_file: Annotated[Path | None, typer.Option(help="with --recipe user: the recipe's file")] = None,
+    workers: Annotated[int, typer.Option(help="worker processes (replicas)")] = 4,
+    rounds: Annotated[int, typer.Option(help="outer rounds")] = 8,
+    inner_steps: Annotated[int, typer.Option(help="inner AdamW steps per round (DiLoCo's H)")] = 50,
+    compression: Annotated[str, typer.Option(help="none | fp16 | bf16 | int8 | int4 | int2 | topk")] = "int8",
+    density: Annotated[float, typer.Option(help="topk: the share of each chunk sent")] = 0.02,
+    values: Annotated[str, typer.Option(help="topk: the codec of the values sent")] = "int2",
+    error_decay: Annotated[float, typer.Option(help="error feedback's decay (1: none)")] = 1.0,
+    lr: Annotated[float, typer.Option(help="inner AdamW learning rate")] = 3e-3,
+    batch_size: Annotated[int, typer.Option(help="sequences per inner step")] = 32,
+    outer_lr: Annotated[float, typer.Option(help="outer SGD learning rate")] = 0.7,
+    outer_momentum: Annotated[float, typer.Option(help="outer Nesterov momentum (0: plain SGD)")] = 0.9,
+    overlap: Annotated[bool, typer.Option(help="compute the next round while this one is exchanged")] = False,
+    round_seconds: Annotated[float | None, typer.Option(help="time budget of a round's compute")] = None,
+    seed: Annotated[int, typer.Option(help="model initialisation and batches")] = 0,
+    data: Annotated[str, typer.Option(help="'stdlib' or a directory of text files")] = "stdlib",
+    max_bytes: Annotated[int, typer.Option(help="at most this much text")] = 2_000_000,
+    bandwidth_mbit: Annotated[float | None, typer.Option(help="each worker's link, Mbit/s each way")] = None,
+    latency_ms: Annotated[float, typer.Option(help="each worker's link: latency per call")] = 0.0,
+    slow_worker: Annotated[float, typer.Option(help="make worker 0 this many times slower")] = 1.0,
+    threads: Annotated[int, typer.Option(help="torch threads per process")] = 1,
+) -> None:
+    """Train a job's replicas as local processes; print the loss of every round and each worker's traffic."""
+    fields = {
+        "recipe": recipe,
+        "recipe_file": str(recipe_file) if recipe_file else None,
+        "rounds": rounds,
+        "inner_steps": inner_steps,
+        "compression": _compression(compression, density, values, error_decay),
+        "lr": lr,
+        "batch_size": batch_size,
+        "outer_lr": outer_lr,
+        "outer_momentum": outer_momentum,
+        "overlap": overlap,
+        "round_seconds": round_seconds,
+        "seed": seed,
+    }
+    spec = build_spec(fields)
+    options = _worker_options(workers, bandwidth_mbit, latency_ms, slow_worker, threads)
+    code = _read(recipe_file) if recipe_file else None
+    dataset = _dataset(spec, code, data, max_bytes)
+    _run(spec, dataset, code, options, threads)
+
+
+def _compression(method: str, density: float, values: str, error_decay: float) -> dict[str, Any]:
+    if method == "topk":
+        return {"method": method, "density": density, "values": values, "error_decay": error_decay}
+    return {"method": method, "error_decay": error_decay}
+
+
+def _worker_options(
+    workers: int, bandwidth_mbit: float | None, latency_ms: float, slow_worker: float, threads: int
+) -> list[WorkerOptions]:
+    from gpuflex.train.local import WorkerOptions
+    from gpuflex.train.throttle import Link
+
+    if not 1 <= workers <= 256:
+        raise BadRequest(f"--workers must be between 1 and 256, got {workers}")
+    if bandwidth_mbit is not None and bandwidth_mbit <= 0:
+        raise BadRequest(f"--bandwidth-mbit must be positive, got {bandwidth_mbit}")
+    if latency_ms < 0:
+        raise BadRequest(f"--latency-ms must not be negative, got {latency_ms}")
+    if slow_worker < 1:
+        raise BadRequest(f"--slow-worker is a slowdown factor, at least 1, got {slow_worker}")
+    if threads < 1:
+        raise BadRequest(f"--threads must be at least 1, got {threads}")
+    throttled = bandwidth_mbit is not None or latency_ms > 0
+    link = Link(bandwidth_mbit * 1e6 if bandwidth_mbit else None, latency_ms / 1e3) if throttled else None
+    return [WorkerOptions(link=link, slowdown=slow_worker if i == 0 else 1.0) for i in range(workers)]
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise BadRequest(f"cannot read the recipe file {path}: {err.strerror}") from None
+
+
+def _dataset(spec: TrainingSpec, code: bytes | None, source: str, max_bytes: int) -> bytes | None:
+    """The text to train on, or None if the recipe brings its own data."""
+    from gpuflex.train.corpus import build_corpus
+    from gpuflex.train.recipes import get_recipe
+
+    if not get_recipe(spec.recipe, code).needs_dataset:
+        return None
+    return build_corpus(source, max_bytes, text_extensions(source))
+
+
+def _run(
+    spec: TrainingSpec, dataset: bytes | None, code: bytes | None, options: list[WorkerOptions], threads: int
+) -> None:
+    from gpuflex.train.local import run_local
+
+    label = spec.compression.label + (", overlapped" if spec.overlap else "")
+    console.print(
+        f"training {spec.recipe} on {len(options)} worker processes, {spec.rounds} rounds ({label})"
+    )
+    try:
+        result = run_local(
+            spec,
+            dataset,
+            len(options),
+            options=options,
+            recipe_code=code,
+            threads=threads,
+            on_round=_print_round,
+        )
+    except KeyboardInterrupt:
+        console.print("interrupted: every task was stopped")
+        raise typer.Exit(130) from None
+    console.print(_workers_table(result.workers))
+    last = result.rounds[-1]
+    console.print(
+        f"final validation loss {_loss(last.val_loss)} after {last.round} rounds and {last.tokens:,} tokens, "
+        f"{last.seconds - result.rounds[0].seconds:.1f}s from round 0"
+    )
+
+
+def _print_round(record: RoundRecord) -> None:
+    per_worker = record.uploaded / record.contributions if record.contributions else 0
+    console.print(
+        f"round {record.round:>3}  val {_loss(record.val_loss)}  train {_loss(record.train_loss)}  "
+        f"{record.contributions:>2} in  up {_kb(per_worker)}  down {_kb(record.update)}  "
+        f"{record.seconds:6.1f}s",
+        highlight=False,
+    )
+
+
+def _workers_table(workers: list[LocalWorker]) -> Table:
+    table = Table(title="per worker: bytes on its link, compute time / wall time")
+    for column in ("worker", "sent", "received", "compute", "wall", "util", "tokens", "stale"):
+        table.add_column(column, justify="left" if column == "worker" else "right")
+    for i, w in enumerate(workers):
+        s = w.summary
+        table.add_row(
+            f"worker-{i}",
+            _kb(w.link.bytes_up),
+            _kb(w.link.bytes_down),
+            f"{s.compute_s:.1f}s",
+            f"{s.wall_s:.1f}s",
+            f"{s.utilization:.1%}",
+            f"{s.tokens:,}",
+            str(len(s.stale)),
+        )
+    return table
+
+
+def _loss(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.4f}"
+
+
+def _kb(n_bytes: float) -> str:
+    return f"{n_bytes / 1e6:.2f} MB" if n_bytes >= 1e6 else f"{n_bytes / 1e3:.1f} kB"

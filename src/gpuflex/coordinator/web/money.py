@@ -1,0 +1,172 @@
+"""Money as the ledger and provider pages show it: your balances and entries, network totals, the chain.
+
+A viewer sees the entries that touch their own accounts (a consumer: its wallet and its jobs'
+escrows; a provider: its earnings account) and network-wide totals, never another consumer's lines.
+The whole journal is still re-verified on every view (``verify_chain``), so the status is real.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpuflex.coordinator.db import AccountBalance, Job, Lease, Node, Task
+from gpuflex.coordinator.services import leases, ledger
+from gpuflex.ledger import accounts
+from gpuflex.ledger.journal import ChainReport, Entry, verify_chain
+
+ENTRIES_SHOWN = 50
+
+
+@dataclass(frozen=True)
+class BalanceRow:
+    account: str
+    label: str
+    micro: int
+
+
+@dataclass(frozen=True)
+class EntryRow:
+    seq: int
+    at: str
+    kind: str
+    memo: str
+    change: int  # micro-credits in or out of the viewer's main account (wallet, or earnings)
+    job_id: str | None
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    chain: ChainReport
+    balances: list[BalanceRow]
+    entries: list[EntryRow]  # newest first
+    totals: dict[str, int]  # network-wide, micro-credits
+
+    @property
+    def main(self) -> BalanceRow:
+        return self.balances[0]
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    lease_id: str
+    job_id: str
+    role: str
+    epoch: int
+    state: str
+    granted_at: float
+    seconds: float
+    cost: int
+
+
+@dataclass(frozen=True)
+class JobEarning:
+    job_id: str
+    seconds: float
+    metered: int  # what its leases cost the consumer so far
+    paid: int  # what settlement paid this node (metered less the platform fee)
+
+
+@dataclass(frozen=True)
+class Earnings:
+    node: Node
+    balance: int
+    leases: list[LeaseRow]
+    jobs: list[JobEarning]
+    ledger: LedgerView
+
+    @property
+    def metered(self) -> int:
+        return sum(j.metered for j in self.jobs)
+
+    @property
+    def unpaid(self) -> int:
+        """Metered on jobs not settled yet (settled jobs paid it, less the platform fee)."""
+        return sum(j.metered for j in self.jobs if not j.paid)
+
+
+def _job_of(entry: Entry) -> str | None:
+    """The job an entry is about: the one whose escrow it moves (escrow, settlement)."""
+    prefix = accounts.escrow("x")[:-1]
+    return next((a[len(prefix) :] for a, _ in entry.postings if a.startswith(prefix)), None)
+
+
+def _totals(session: Session) -> dict[str, int]:
+    def total(prefix: str) -> int:
+        like = select(func.coalesce(func.sum(AccountBalance.balance), 0))
+        return int(session.scalar(like.where(AccountBalance.account.like(f"{prefix}%"))))
+
+    return {
+        "money in the network": -ledger.balance(session, accounts.WORLD),
+        "consumer wallets": total("consumer:"),
+        "in escrow": total("escrow:"),
+        "paid to providers": total("provider:"),
+        "platform fees": ledger.balance(session, accounts.PLATFORM_FEES),
+    }
+
+
+def ledger_view(session: Session, mine: dict[str, str]) -> LedgerView:
+    """``mine``: the viewer's accounts and how to label them, the main one (wallet, earnings) first."""
+    journal = ledger.entries(session)
+    main = next(iter(mine))
+    rows = []
+    for e in reversed(journal):
+        change = sum(n for a, n in e.postings if a == main)
+        if any(a in mine for a, _ in e.postings):
+            rows.append(EntryRow(e.seq, e.at, e.kind, e.memo, change, _job_of(e)))
+        if len(rows) == ENTRIES_SHOWN:
+            break
+    balances = [BalanceRow(a, label, ledger.balance(session, a)) for a, label in mine.items()]
+    return LedgerView(
+        chain=verify_chain(journal),
+        balances=[b for b in balances if b.micro or not b.account.startswith("escrow:")],
+        entries=rows,
+        totals=_totals(session),
+    )
+
+
+def consumer_accounts(session: Session, account_id: str) -> dict[str, str]:
+    mine = {accounts.consumer(account_id): "your wallet"}
+    for job_id, name in session.execute(select(Job.id, Job.name).where(Job.account_id == account_id)):
+        mine[accounts.escrow(job_id)] = f"escrow of {name} ({job_id})"
+    return mine
+
+
+def _lease_rows(session: Session, node: Node, now: float) -> list[LeaseRow]:
+    rows = session.execute(
+        select(Lease, Task.role)
+        .join(Task, Task.id == Lease.task_id)
+        .where(Lease.node_id == node.id)
+        .order_by(Lease.granted_at.desc())
+    )
+    out = []
+    for lease, role in rows:
+        end = lease.ended_at if lease.ended_at is not None else min(now, lease.expires_at)
+        seconds = max(0.0, end - lease.granted_at)
+        cost = leases.metered_cost(lease, now)
+        out.append(
+            LeaseRow(lease.id, lease.job_id, role, lease.epoch, lease.state, lease.granted_at, seconds, cost)
+        )
+    return out
+
+
+def earnings(session: Session, node: Node, now: float) -> Earnings:
+    """A provider's own page: balance, leases, and per job what was metered and what was paid."""
+    account = accounts.provider(node.id)
+    view = ledger_view(session, {account: "your earnings"})
+    lease_rows = _lease_rows(session, node, now)
+    seconds: dict[str, float] = defaultdict(float)
+    metered: dict[str, int] = defaultdict(int)
+    for row in lease_rows:
+        seconds[row.job_id] += row.seconds
+        metered[row.job_id] += row.cost
+    paid: dict[str, int] = defaultdict(int)
+    for e in ledger.entries(session):
+        job_id = _job_of(e)
+        if job_id is not None:
+            paid[job_id] += sum(n for a, n in e.postings if a == account)
+    per_job = [JobEarning(j, seconds[j], metered[j], paid.get(j, 0)) for j in dict.fromkeys(seconds)]
+    return Earnings(node, ledger.balance(session, account), lease_rows, per_job, view)

@@ -1,0 +1,98 @@
+"""Recipes: what a job trains — a model, its data and its loss — by the name in the job spec.
+
+    char-gpt       a nanoGPT-style byte-level GPT on the job's text (``char_gpt.py``)
+    hf-causal-lm   a transformers GPT-2 or Llama built from a config, no weights downloaded
+    mlp-digits     an MLP on scikit-learn's bundled 8x8 digits
+    user           a Python file of the consumer's, exposing build_model, build_data and loss
+
+A recipe's model is built under ``spec.seed`` inside a forked RNG, so round 0 is a function of
+the spec alone (a replacement aggregator or a re-run starts from the same weights) and the seed
+neither leaks into nor races with other threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.messages import TaskConfig
+from gpuflex.protocol.spec import TrainingSpec
+
+Batch = tuple[Tensor, ...]
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """One task's view of the data: its own training batches and the shared validation set."""
+
+    sample: Callable[[torch.Generator], Batch]  # a training batch of this worker's shard
+    validation: list[Batch]  # the same fixed batches for everyone, every round
+    tokens_per_batch: int  # what one batch counts for when contributions are weighed
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    build_model: Callable[[TrainingSpec], nn.Module]
+    # (dataset blob or None, spec, worker_index, num_workers) -> this task's data
+    build_data: Callable[[bytes | None, TrainingSpec, int, int], TaskData]
+    loss: Callable[[nn.Module, Batch], Tensor]
+    needs_dataset: bool = True  # False: the recipe brings its own data
+
+
+_SEED_LOCK = threading.Lock()
+
+
+def _builtin() -> dict[str, Recipe]:
+    from gpuflex.train.recipes import char_gpt, hf_causal_lm, mlp_digits
+
+    return {r.name: r for r in (char_gpt.RECIPE, hf_causal_lm.RECIPE, mlp_digits.RECIPE)}
+
+
+def get_recipe(name: str, code: bytes | None = None) -> Recipe:
+    """The built-in recipe ``name``, or the user recipe in ``code`` when ``name`` is ``user``."""
+    if name == "user":
+        from gpuflex.train.recipes.user import load_user_recipe
+
+        if code is None:
+            raise BadRequest("recipe 'user' needs its code (the recipe file)")
+        return load_user_recipe(code)
+    recipes = _builtin()
+    if name not in recipes:
+        raise BadRequest(f"unknown recipe {name!r}; known: {', '.join(sorted(recipes))}, user")
+    return recipes[name]
+
+
+def for_task(config: TaskConfig, fetch: Callable[[str], bytes]) -> tuple[Recipe, TaskData]:
+    """The task's recipe and data; ``fetch`` gets a blob by hash (the recipe code, the dataset)."""
+    spec = config.training
+    recipe = get_recipe(spec.recipe, fetch(config.recipe_code) if config.recipe_code else None)
+    if recipe.needs_dataset and config.dataset is None:
+        raise BadRequest(f"recipe {spec.recipe} trains on a dataset, and the job has none")
+    dataset = fetch(config.dataset) if config.dataset else None
+    return recipe, recipe.build_data(dataset, spec, config.worker_index, config.num_workers)
+
+
+def build_model(spec: TrainingSpec, recipe: Recipe | None = None) -> nn.Module:
+    """The recipe's model, initialised from ``spec.seed``."""
+    recipe = recipe or get_recipe(spec.recipe)
+    with _SEED_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        return recipe.build_model(spec)
+
+
+def evaluate(recipe: Recipe, model: nn.Module, batches: list[Batch]) -> float | None:
+    """Mean loss of ``model`` over ``batches`` (None without validation data)."""
+    if not batches:
+        return None
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        loss = sum(recipe.loss(model, b).item() for b in batches) / len(batches)
+    model.train(was_training)
+    return loss

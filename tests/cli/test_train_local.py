@@ -1,0 +1,49 @@
+"""``gpuflex train local``: a tiny job as processes prints its rounds; a bad option is one clear line."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore:resource_tracker")
+
+
+def _gpuflex(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuflex", "train", "local", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_tiny_job_prints_the_loss_of_every_round_and_each_workers_traffic(tmp_path):
+    lines = [f"def f{i}(x, y):\n    return x * {i % 7} + y\n" for i in range(1000)]
+    (tmp_path / "notes.txt").write_text("".join(lines))
+    result = _gpuflex(
+        *("--workers", "2", "--rounds", "2", "--inner-steps", "3", "--batch-size", "8"),
+        *("--data", str(tmp_path), "--bandwidth-mbit", "100", "--latency-ms", "5"),
+    )
+    assert result.returncode == 0, result.stderr
+    rounds = re.findall(r"^round +(\d+) +val (\d+\.\d+) +train (\S+) +(\d+) in", result.stdout, re.MULTILINE)
+    assert [r[0] for r in rounds] == ["0", "1", "2"]
+    assert [r[3] for r in rounds] == ["0", "2", "2"]  # both workers contributed to every round
+    assert all(float(r[1]) > 0 for r in rounds)
+    assert "worker-0" in result.stdout and "worker-1" in result.stdout
+    assert "final validation loss" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "0"], "--workers must be between 1 and 256"),
+        (["--compression", "zip"], "compression.method"),
+        (["--data", "/nonexistent/dir"], "is not a directory"),
+    ],
+)
+def test_a_bad_option_is_one_clear_line(args, message):
+    result = _gpuflex(*args, timeout=60)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr

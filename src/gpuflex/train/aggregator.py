@@ -86,8 +86,8 @@ class _Aggregator:
 
     def step(self, used: list[tuple[Contribution, Delta]]) -> bytes:
         """Average, compress for the downlink, and take the outer step with what the workers will see."""
-        blob = self.downlink.compress(_weighted_mean(used))
-        self.replica.apply(self.downlink.compressor.decompress(blob))
+        blob, update = self.downlink.compress_with_echo(_weighted_mean(used))
+        self.replica.apply(update)  # exactly what every worker will decode
         return blob
 
 
@@ -127,7 +127,7 @@ def aggregate(
         recipe,
         GlobalReplica(build_model(spec, recipe), spec),
         validation,
-        ErrorFeedback(compressor),
+        ErrorFeedback(compressor, decay=1.0),  # the downlink keeps all it owes: plain error feedback
         AggregatorSummary(start_round=0, round=0),
     )
     if not _start(agg, compressor):
@@ -152,7 +152,7 @@ def _start(agg: _Aggregator, compressor: Compressor) -> bool:
     if latest.finished:
         agg.summary = AggregatorSummary(start_round=latest.round, round=latest.round, finished=True)
         return False
-    sync(agg.replica, agg.transport, latest, compressor.decompress)
+    sync(agg.replica, agg.transport, latest, agg.replica.decoder(compressor))
     agg.summary = AggregatorSummary(start_round=latest.round, round=latest.round)
     agg.tokens = latest.tokens
     agg.transport.log(f"resuming at round {latest.round} from checkpoint round {latest.checkpoint_round}")
@@ -212,7 +212,9 @@ class _Gatherer:
     def _decode(self, c: Contribution) -> Delta | None:
         if c.delta not in self.decoded:
             try:
-                delta = self.compressor.decompress(fetch_verified(self.transport, c.delta))
+                delta = self.compressor.decompress(
+                    fetch_verified(self.transport, c.delta), shapes=self.shapes
+                )
                 _check_fits(delta, self.shapes)
                 self.decoded[c.delta] = delta
             except BadRequest as err:

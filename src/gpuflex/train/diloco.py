@@ -49,8 +49,8 @@ class DiLoCo:
         self.poll_interval_s = poll_interval_s
         compressor = get_compressor(spec.compression)
         self.feedback = ErrorFeedback(compressor, decay=spec.compression.error_decay)
-        self.decode = compressor.decompress
         self.replica = GlobalReplica(copy.deepcopy(model), spec)
+        self.decode = self.replica.decoder(compressor)
         self.finished = False
         self.steps = 0
         self.losses: list[float] = []

@@ -13,8 +13,10 @@ join, to resync after a hash mismatch, or as the job's checkpoint::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +24,7 @@ from torch import Tensor, nn
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.checkpoint import load_tensors, save_tensors
+from gpuflex.train.compression import Compressor
 
 MODEL_PREFIX = "model."
 MOMENTUM_PREFIX = "outer_momentum."
@@ -40,6 +43,13 @@ class GlobalReplica:
 
     def parameters(self) -> dict[str, Tensor]:
         return dict(self.model.named_parameters())
+
+    def decoder(self, compressor: Compressor) -> Callable[[bytes], dict[str, Tensor]]:
+        """Decode blobs from the network into this model's shapes only (a hostile header can't
+        make the decoder allocate more than the model)."""
+        return functools.partial(
+            compressor.decompress, shapes={n: p.shape for n, p in self.parameters().items()}
+        )
 
     def apply(self, update: dict[str, Tensor]) -> None:
         """One outer step with ``update`` as the gradient: the same on every replica, bit for bit."""

@@ -88,8 +88,8 @@ class Replica:
         )
         compressor = get_compressor(self.spec.compression)
         self.feedback = ErrorFeedback(compressor, decay=self.spec.compression.error_decay)
-        self.decode = compressor.decompress
         self.global_ = GlobalReplica(build_model(self.spec, recipe), self.spec)
+        self.decode = self.global_.decoder(compressor)
 
     @property
     def tokens_per_step(self) -> int:

@@ -4,13 +4,10 @@ test process so the test can advance its clock (real time plus an offset)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass
 
 import httpx
 import pytest
-import uvicorn
 
 from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client, NodeClient, TaskClient
@@ -19,22 +16,11 @@ from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.coordinator.migrate import upgrade
 from gpuflex.coordinator.settings import CoordinatorSettings
-from gpuflex.localnet import free_port
 from gpuflex.protocol import messages as m
 from gpuflex.storage import LocalBlobStore
+from gpuflex.testing import Clock, serve
 
 CORE_TOKEN = "core-secret"
-
-
-class Clock:
-    def __init__(self):
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += seconds
 
 
 @dataclass
@@ -91,19 +77,8 @@ def coordinator(database_url, tmp_path):
     ctx = CoordinatorContext(
         settings, engine, make_sessionmaker(engine), LocalBlobStore(tmp_path / "blobs"), clock
     )
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(ctx=ctx), host="127.0.0.1", port=free_port(), log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        assert thread.is_alive(), "the coordinator failed to start"
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{server.config.port}"
     try:
-        with httpx.Client(base_url=url) as http:
+        with serve(create_app(ctx=ctx)) as url, httpx.Client(base_url=url) as http:
             yield Harness(url, http, ctx, clock)
     finally:
-        server.should_exit = True
-        thread.join(10)
         engine.dispose()

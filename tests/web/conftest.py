@@ -7,7 +7,6 @@ round protocol to the middle of round 1: round 0 and 1 published, one of two wor
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import httpx
@@ -24,21 +23,11 @@ from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage import LocalBlobStore
+from gpuflex.testing import Clock, serve
 
-from .helpers import model_blob, serve
+from .helpers import model_blob
 
 CORE_TOKEN = "core-secret"
-
-
-class Clock:
-    def __init__(self):
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += seconds
 
 
 @dataclass

@@ -2,12 +2,13 @@
 
 W processes (``torch.multiprocessing.spawn``, one torch thread each) train the same seeded model on
 the same shards and batch size as DiLoCo's workers, with the same AdamW and gradient clipping,
-wrapped in ``DistributedDataParallel``. A DDP communication hook does each bucket's all-reduce and
-models the link there: a ring all-reduce of b bytes makes each worker send 2·(W−1)/W·b bytes and
-receive as many, at the same time (the link is full duplex), so the hook counts both and sleeps
-``link.delay_s(2·(W−1)/W·b)``: one latency per bucket, which is generous to DDP (a real ring pays
-2·(W−1) hops). The bytes of DDP's initial broadcast of the model are counted as each worker's join,
-as DiLoCo's workers count the checkpoint they join from.
+wrapped in ``DistributedDataParallel``. A DDP communication hook (``ThrottledAllReduce`` of
+``gpuflex.train.collective``) does each bucket's all-reduce and models the link there: a ring
+all-reduce of b bytes makes each worker send 2·(W−1)/W·b bytes and receive as many, at the same time
+(the link is full duplex), so the hook counts both and sleeps ``link.delay_s(2·(W−1)/W·b)``: one
+latency per bucket, which is generous to DDP (a real ring pays 2·(W−1) hops). The bytes of DDP's
+initial broadcast of the model are counted as each worker's join, as DiLoCo's workers count the
+checkpoint they join from.
 
 Rank 0 evaluates on the shared validation batches every ``eval_every`` steps between two barriers;
 that time is taken out of every rank's wall time. Utilization is (wall - time in the hook) / wall.
@@ -27,9 +28,11 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.train.collective import LinkMeter, ThrottledAllReduce
 from gpuflex.train.data import round_generator
 from gpuflex.train.recipes import build_model, evaluate, get_recipe
-from gpuflex.train.throttle import Link
+from gpuflex.train.schedule import set_lr
+from gpuflex.train.throttle import Link, LinkStats
 from gpuflex.train.worker import GRAD_CLIP
 
 
@@ -40,31 +43,6 @@ class DdpResult:
     wall_s: float  # the training loop, evaluation excluded
     utilization: float
     curve: list[tuple[int, float, float]] = field(default_factory=list)  # (bytes, seconds, val loss)
-
-
-@dataclass
-class _Hook:
-    """The comm hook's state: the link, and what this rank has sent, received and waited."""
-
-    world: int
-    link: Link
-    bytes: int = 0
-    comm_s: float = 0.0
-
-
-def _throttled_allreduce(state: _Hook, bucket):  # unannotated: DDP checks them, and ours are strings
-    """All-reduce one bucket (a ``dist.GradBucket``) as the link would carry it; a done Future of the mean."""
-    began = time.monotonic()
-    tensor = bucket.buffer()
-    wire = 2 * (state.world - 1) / state.world * tensor.numel() * tensor.element_size()
-    time.sleep(state.link.delay_s(round(wire)))
-    dist.all_reduce(tensor)
-    tensor.div_(state.world)
-    state.bytes += 2 * round(wire)  # sent and received
-    state.comm_s += time.monotonic() - began
-    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    done.set_result(tensor)
-    return done
 
 
 def run_ddp(
@@ -105,14 +83,15 @@ def _train(
     model = build_model(spec, recipe)
     join = sum(p.numel() * p.element_size() for p in model.state_dict().values())
     ddp = DistributedDataParallel(model)
-    hook = _Hook(workers, link, bytes=join)
-    ddp.register_comm_hook(hook, _throttled_allreduce)
+    meter = LinkMeter(link, LinkStats(bytes_down=join))
+    ThrottledAllReduce(workers, meter).register(ddp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
     generator = round_generator(spec.seed, rank, 0)
     curve: list[tuple[int, float, float]] = []
     dist.barrier()
     began, paused = time.monotonic(), 0.0
     for step in range(1, steps + 1):
+        set_lr(optimizer, spec, (step - 1) / steps)
         loss = recipe.loss(ddp, data.sample(generator))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -125,6 +104,12 @@ def _train(
             dist.barrier()
             paused += time.monotonic() - pause
             if val is not None:
-                curve.append((hook.bytes, time.monotonic() - began - paused, val))
+                curve.append((meter.stats.bytes_total, time.monotonic() - began - paused, val))
     wall = time.monotonic() - began - paused
-    return DdpResult(curve[-1][2] if curve else float("nan"), hook.bytes, wall, 1 - hook.comm_s / wall, curve)
+    return DdpResult(
+        curve[-1][2] if curve else float("nan"),
+        meter.stats.bytes_total,
+        wall,
+        1 - meter.stats.wait_s / wall,
+        curve,
+    )

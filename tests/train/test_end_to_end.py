@@ -57,8 +57,8 @@ def test_after_joining_a_worker_receives_only_the_small_updates(corpus):
     history = transport.history()
     join = len(transport.get_blob(history[0].checkpoint))
     updates = [len(transport.get_blob(p.update)) for p in history[1:]]
-    for w in workers:  # the checkpoint once, then every update but the last (the job ended)
-        assert w["bytes_received"] == join + sum(updates[:-1])
+    for w in workers:  # built from the job's seed, round 0 costs nothing; then every update but the last
+        assert w["bytes_received"] == sum(updates[:-1])
     assert max(updates) < join / 4  # int8 of Δ, against the fp32 weights of round 0
     assert aggregator["bytes_published"] == sum(updates)
 
@@ -255,3 +255,22 @@ def test_time_budgeted_rounds_let_each_worker_run_what_fits(corpus):
         steps = w["tokens"] // (spec.batch_size * spec.model.block_size)
         assert 2 <= steps < 2 * 100_000  # bounded by time, not by the step cap
     assert transport.history()[-1].tokens == sum(w["tokens"] for w in workers)
+
+
+def test_a_replica_built_from_the_jobs_seed_joins_without_downloading_the_model(corpus):
+    transport, _, _ = _run_job(corpus, rounds=3)
+    spec = tiny_spec(rounds=3)
+    decode = get_compressor(spec.compression).decompress
+    latest = transport.latest_round()
+    updates = sum(len(transport.get_blob(p.update)) for p in transport.history()[1:])
+
+    seeded = GlobalReplica(build_model(spec), spec)
+    assert sync(seeded, transport, latest, decode) == updates  # the updates only: no checkpoint
+    assert seeded.state_hash() == latest.state_hash
+    at_start = GlobalReplica(build_model(spec), spec)
+    assert sync(at_start, transport, transport.round_state(0), decode) == 0 and at_start.round == 0
+
+    stranger = GlobalReplica(build_model(tiny_spec(seed=7)), spec)  # another init: the checkpoint it is
+    received = sync(stranger, transport, latest, decode)
+    assert stranger.state_hash() == latest.state_hash
+    assert received == len(transport.get_blob(latest.checkpoint))

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuflex.errors import BadRequest, SpecError
-from gpuflex.protocol.spec import TrainingSpec, describe_validation_error
+from gpuflex.protocol.spec import DataSpec, TrainingSpec, describe_validation_error
 
 if TYPE_CHECKING:
     from gpuflex.train.local import LocalWorker, RoundRecord, WorkerOptions
@@ -31,6 +31,7 @@ console = Console()
 train_app = typer.Typer(help="Train without the marketplace.", no_args_is_help=True)
 
 STDLIB_EXTENSIONS = [".py"]
+SPEC = TrainingSpec()  # the job spec's defaults are the command's
 
 
 def text_extensions(source: str) -> list[str]:
@@ -56,21 +57,34 @@ def local(
     recipe: Annotated[str, typer.Option(help="char-gpt | hf-causal-lm | mlp-digits | user")] = "char-gpt",
     recipe_file: Annotated[Path | None, typer.Option(help="with --recipe user: the recipe's file")] = None,
     workers: Annotated[int, typer.Option(help="worker processes (replicas)")] = 4,
-    rounds: Annotated[int, typer.Option(help="outer rounds")] = 8,
-    inner_steps: Annotated[int, typer.Option(help="inner AdamW steps per round (DiLoCo's H)")] = 50,
-    compression: Annotated[str, typer.Option(help="none | fp16 | bf16 | int8 | int4 | int2 | topk")] = "int8",
-    density: Annotated[float, typer.Option(help="topk: the share of each chunk sent")] = 0.02,
-    values: Annotated[str, typer.Option(help="topk: the codec of the values sent")] = "int2",
-    error_decay: Annotated[float, typer.Option(help="error feedback's decay (1: none)")] = 1.0,
-    lr: Annotated[float, typer.Option(help="inner AdamW learning rate")] = 3e-3,
-    batch_size: Annotated[int, typer.Option(help="sequences per inner step")] = 32,
-    outer_lr: Annotated[float, typer.Option(help="outer SGD learning rate")] = 0.7,
-    outer_momentum: Annotated[float, typer.Option(help="outer Nesterov momentum (0: plain SGD)")] = 0.9,
+    rounds: Annotated[int, typer.Option(help="outer rounds")] = SPEC.rounds,
+    inner_steps: Annotated[
+        int, typer.Option(help="inner AdamW steps per round (DiLoCo's H)")
+    ] = SPEC.inner_steps,
+    compression: Annotated[
+        str, typer.Option(help="none | fp16 | bf16 | int8 | int4 | int2 | topk")
+    ] = SPEC.compression.method,
+    density: Annotated[
+        float, typer.Option(help="topk: the share of each chunk sent")
+    ] = SPEC.compression.density,
+    values: Annotated[str, typer.Option(help="topk: the codec of the values sent")] = SPEC.compression.values,
+    error_decay: Annotated[
+        float, typer.Option(help="error feedback's decay (1: keep all)")
+    ] = SPEC.compression.error_decay,
+    lr: Annotated[float, typer.Option(help="inner AdamW learning rate (the peak)")] = SPEC.lr,
+    lr_schedule: Annotated[
+        str, typer.Option(help="the inner lr over the job: cosine | constant")
+    ] = SPEC.lr_schedule,
+    batch_size: Annotated[int, typer.Option(help="sequences per inner step")] = SPEC.batch_size,
+    outer_lr: Annotated[float, typer.Option(help="outer SGD learning rate")] = SPEC.outer_lr,
+    outer_momentum: Annotated[
+        float, typer.Option(help="outer Nesterov momentum (0: plain SGD)")
+    ] = SPEC.outer_momentum,
     overlap: Annotated[bool, typer.Option(help="compute the next round while this one is exchanged")] = False,
     round_seconds: Annotated[float | None, typer.Option(help="time budget of a round's compute")] = None,
-    seed: Annotated[int, typer.Option(help="model initialisation and batches")] = 0,
+    seed: Annotated[int, typer.Option(help="model initialisation and batches")] = SPEC.seed,
     data: Annotated[str, typer.Option(help="'stdlib' or a directory of text files")] = "stdlib",
-    max_bytes: Annotated[int, typer.Option(help="at most this much text")] = 2_000_000,
+    max_bytes: Annotated[int, typer.Option(help="at most this much text")] = DataSpec().max_bytes,
     bandwidth_mbit: Annotated[float | None, typer.Option(help="each worker's link, Mbit/s each way")] = None,
     latency_ms: Annotated[float, typer.Option(help="each worker's link: latency per call")] = 0.0,
     slow_worker: Annotated[float, typer.Option(help="make worker 0 this many times slower")] = 1.0,
@@ -84,6 +98,7 @@ def local(
         "inner_steps": inner_steps,
         "compression": _compression(compression, density, values, error_decay),
         "lr": lr,
+        "lr_schedule": lr_schedule,
         "batch_size": batch_size,
         "outer_lr": outer_lr,
         "outer_momentum": outer_momentum,

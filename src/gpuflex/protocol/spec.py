@@ -91,6 +91,12 @@ class TrainingSpec(_Strict):
     compression: CompressionSpec = Field(default_factory=CompressionSpec)
     batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
     lr: Annotated[float, Field(gt=0, le=1)] = 3e-3
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "cosine", description="the inner lr over the job: 'cosine' warms up, then decays to a tenth"
+    )
+    warmup: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.04, description="the share of the job spent warming up"
+    )
     weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.1
     outer_lr: Annotated[float, Field(gt=0, le=10)] = 0.7
     outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9

@@ -26,7 +26,7 @@ from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import Contribution, RoundPublish, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.compression import Compressor, ErrorFeedback, get_compressor
-from gpuflex.train.outer import GlobalReplica
+from gpuflex.train.outer import GlobalReplica, weighted_mean
 from gpuflex.train.recipes import Batch, Recipe, build_model, evaluate, for_task
 from gpuflex.train.sync import sync
 from gpuflex.train.transport import Transport, fetch_verified
@@ -86,7 +86,7 @@ class _Aggregator:
 
     def step(self, used: list[tuple[Contribution, Delta]]) -> bytes:
         """Average, compress for the downlink, and take the outer step with what the workers will see."""
-        blob, update = self.downlink.compress_with_echo(_weighted_mean(used))
+        blob, update = self.downlink.compress_with_echo(weighted_mean([(c.tokens, d) for c, d in used]))
         self.replica.apply(update)  # exactly what every worker will decode
         return blob
 
@@ -161,19 +161,6 @@ def _start(agg: _Aggregator, compressor: Compressor) -> bool:
 
 def _fmt(loss: float | None) -> str:
     return "-" if loss is None else f"{loss:.4f}"
-
-
-def _weighted_mean(used: list[tuple[Contribution, Delta]]) -> Delta:
-    """The token-weighted mean pseudo-gradient (each contribution once if nobody reported tokens)."""
-    weights = [float(c.tokens) for c, _ in used]
-    if sum(weights) == 0:
-        weights = [1.0] * len(used)
-    total = sum(weights)
-    names = used[0][1].keys()
-    return {
-        name: sum(w / total * delta[name] for w, (_, delta) in zip(weights, used, strict=True))
-        for name in names
-    }
 
 
 class _Gatherer:

@@ -8,9 +8,12 @@
 
 It joins the job at the newest published round (the model's weights become the global ones), and
 every ``inner_steps`` steps sends its compressed pseudo-gradient, waits for the round's aggregated
-update, applies it to its global replica and continues from the new global weights. The
-aggregator side is ``gpuflex.train.aggregator.aggregate`` (or a job's aggregator task).
-``examples/own_training_loop.py`` runs a whole job this way.
+update, applies it to its global replica and continues from the new global weights.
+
+``transport`` is a ``Transport`` (the relay: an aggregator, ``gpuflex.train.aggregator.aggregate`` or
+a job's aggregator task, averages the round) or a ``CollectiveTransport`` (a trusted
+``torch.distributed`` group whose ranks average among themselves). ``examples/own_training_loop.py``
+runs a whole job this way.
 """
 
 from __future__ import annotations
@@ -20,12 +23,42 @@ import copy
 import torch
 from torch import nn
 
-from gpuflex.protocol.messages import ContributionSubmit, RoundState
+from gpuflex.protocol.messages import ContributionSubmit
 from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.train.collective import CollectiveTransport
 from gpuflex.train.compression import ErrorFeedback, get_compressor
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.sync import sync
-from gpuflex.train.transport import Transport, wait_for_round
+from gpuflex.train.transport import Decoder, Exchange, Outgoing, Transport, wait_for_round
+
+
+class RelayExchange:
+    """The default exchange: a ``Transport``'s blob store and round protocol, an aggregator behind them."""
+
+    def __init__(self, transport: Transport, poll_interval_s: float):
+        self.transport = transport
+        self.poll_interval_s = poll_interval_s
+
+    def join(self, replica: GlobalReplica, decode: Decoder) -> bool:
+        return self._follow(replica, -1, decode)
+
+    def exchange(self, replica: GlobalReplica, outgoing: Outgoing, decode: Decoder) -> tuple[bool, bool]:
+        submission = ContributionSubmit(
+            round=replica.round,
+            delta=self.transport.put_blob(outgoing.blob),
+            tokens=outgoing.tokens,
+            steps=outgoing.steps,
+            train_loss=outgoing.train_loss,
+        )
+        accepted = self.transport.submit_contribution(submission)
+        return accepted, self._follow(replica, replica.round, decode)
+
+    def _follow(self, replica: GlobalReplica, newer_than: int, decode: Decoder) -> bool:
+        state = wait_for_round(self.transport, newer_than, self.poll_interval_s, lambda: False)
+        if state is None or state.finished:
+            return False
+        sync(replica, self.transport, state, decode)
+        return True
 
 
 class DiLoCo:
@@ -36,17 +69,20 @@ class DiLoCo:
         model: nn.Module,
         inner_optimizer: torch.optim.Optimizer,
         *,
-        transport: Transport,
+        transport: Transport | CollectiveTransport,
         spec: TrainingSpec,
         tokens_per_step: int = 1,
         poll_interval_s: float = 0.2,
     ):
         self.model = model
         self.inner = inner_optimizer
-        self.transport = transport
         self.spec = spec
         self.tokens_per_step = tokens_per_step
-        self.poll_interval_s = poll_interval_s
+        self.exchange: Exchange = (
+            transport
+            if isinstance(transport, CollectiveTransport)
+            else RelayExchange(transport, poll_interval_s)
+        )
         compressor = get_compressor(spec.compression)
         self.feedback = ErrorFeedback(compressor, decay=spec.compression.error_decay)
         self.replica = GlobalReplica(copy.deepcopy(model), spec)
@@ -54,7 +90,7 @@ class DiLoCo:
         self.finished = False
         self.steps = 0
         self.losses: list[float] = []
-        self._follow(wait_for_round(transport, -1, poll_interval_s, lambda: False))
+        self._continue(self.exchange.join(self.replica, self.decode))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -72,27 +108,24 @@ class DiLoCo:
 
     def _exchange(self) -> None:
         delta = {n: self.start[n] - p.detach() for n, p in self.model.named_parameters()}
-        blob = self.feedback.compress(delta)
-        submission = ContributionSubmit(
-            round=self.round,
-            delta=self.transport.put_blob(blob),
+        outgoing = Outgoing(
+            blob=self.feedback.compress(delta),
             tokens=self.spec.inner_steps * self.tokens_per_step,
             steps=self.spec.inner_steps,
             train_loss=sum(self.losses) / len(self.losses) if self.losses else None,
         )
         self.losses = []
-        if not self.transport.submit_contribution(submission):
+        used, running = self.exchange.exchange(self.replica, outgoing, self.decode)
+        if not used:
             self.feedback.revert()  # the round closed without us: nothing of ours was applied
-        self._follow(wait_for_round(self.transport, self.round, self.poll_interval_s, lambda: False))
+        self._continue(running)
 
-    def _follow(self, state: RoundState | None) -> None:
-        """Adopt the global weights of ``state`` (the newest round), or finish."""
-        if state is None or state.finished:
+    def _continue(self, running: bool) -> None:
+        """Adopt the replica's global weights as the next round's start, or finish."""
+        if not running:
             self.finished = True
             return
-        sync(self.replica, self.transport, state, self.decode)
         with torch.no_grad():
             for name, p in self.model.named_parameters():
                 p.copy_(self.replica.parameters()[name])
         self.start = {n: p.detach().clone() for n, p in self.model.named_parameters()}
-        self.round = state.round

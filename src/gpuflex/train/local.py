@@ -131,7 +131,13 @@ def run_local(
     on_round: Callable[[RoundRecord], None] | None = None,
     timeout_s: float | None = None,
 ) -> LocalResult:
-    """Train ``spec`` on ``dataset`` with ``workers`` worker processes and an aggregator process."""
+    """Train ``spec`` on ``dataset`` with ``workers`` worker processes and an aggregator process.
+
+    ``options[i]`` is worker i's link and slowdown; ``recipe_code`` the file of a ``user`` recipe;
+    ``threads`` the torch threads of each process; ``poll_interval_s`` how often tasks poll for rounds;
+    ``on_round`` is called in this process with each round as it is published. Raises the first
+    task's failure, or ServiceError after ``timeout_s``; either way every process is gone.
+    """
     options = list(options) if options is not None else [WorkerOptions()] * workers
     assert workers >= 1 and len(options) == workers, f"{workers} workers, {len(options)} options"
     hub = LocalTransport(spec.rounds, live_workers=workers, task_id="local")
@@ -246,19 +252,21 @@ class _HubServer:
 
 
 def _call(view: LocalTransport, method: str, args: tuple) -> tuple[bool, Any]:
-    """(True, what ``view.method(*args)`` returned) or (False, the GPUFlexError it raised)."""
+    """(True, what ``view.method(*args)`` returned) or (False, the error it raised, as a GPUFlexError)."""
     if method not in TRANSPORT_METHODS:
         return False, ServiceError(f"{method!r} is not a transport call")
     try:
         return True, getattr(view, method)(*args)
     except GPUFlexError as err:
         return False, err
+    except Exception as err:  # a bug here must reach the child as an error, not as a dropped connection
+        return False, ServiceError(f"{method} failed in the parent: {type(err).__name__}: {err}")
 
 
 # -- the children's side -----------------------------------------------------------------------
 
 
-class HubClient:
+class _HubClient:
     """A child's ``Transport``: every call goes over its connection to the parent's hub."""
 
     def __init__(self, address: str, authkey: bytes, task_id: str):
@@ -336,7 +344,7 @@ def _child_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     torch.set_num_threads(launch.threads)
     try:
-        hub = HubClient(address, authkey, config.task_id)
+        hub = _HubClient(address, authkey, config.task_id)
         transport = ThrottledTransport(hub, option.link or Link(), preloaded=launch.preloaded)
         common: dict[str, Any] = {"poll_interval_s": launch.poll_interval_s, "should_stop": stop.poll}
         if config.role == "aggregator":

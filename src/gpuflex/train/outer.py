@@ -91,6 +91,19 @@ class GlobalReplica:
         return metadata
 
 
+def weighted_mean(contributions: list[tuple[int, dict[str, Tensor]]]) -> dict[str, Tensor]:
+    """The token-weighted mean of the deltas, in the given order (each once if nobody reported tokens)."""
+    weights = [float(t) for t, _ in contributions]
+    if sum(weights) == 0:
+        weights = [1.0] * len(contributions)
+    total = sum(weights)
+    names = contributions[0][1].keys()
+    return {
+        name: sum(w / total * delta[name] for w, (_, delta) in zip(weights, contributions, strict=True))
+        for name in names
+    }
+
+
 def load_model(model: nn.Module, checkpoint: bytes) -> dict:
     """Load a job's checkpoint (a ``GlobalReplica`` state) into ``model``; returns its metadata."""
     state, _, metadata = _unpack(checkpoint)

@@ -3,22 +3,19 @@
 A replica one or a few rounds behind fetches each round's small aggregated update and applies it,
 checking the published state hash after each. A new replica (joining), one far behind, or one whose
 hash disagrees (it drifted) loads the newest full checkpoint and applies the updates after it.
+
+A replica built from the job's seed is round 0 already: when its hash is round 0's, it joins early in
+a job by replaying the small updates, and never downloads the dense model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from torch import Tensor
-
 from gpuflex.errors import ServiceError
 from gpuflex.protocol.messages import RoundState
 from gpuflex.train.outer import GlobalReplica
-from gpuflex.train.transport import Transport, fetch_verified
+from gpuflex.train.transport import Decoder, Transport, fetch_verified
 
 MAX_UPDATES_TO_REPLAY = 8  # further behind than this, a checkpoint is the cheaper way to catch up
-
-Decoder = Callable[[bytes], dict[str, Tensor]]
 
 
 class Drift(Exception):
@@ -27,6 +24,8 @@ class Drift(Exception):
 
 def sync(replica: GlobalReplica, transport: Transport, target: RoundState, decode: Decoder) -> int:
     """Bring ``replica`` to round ``target.round``; returns the bytes it received to get there."""
+    if replica.round < 0 and target.round <= MAX_UPDATES_TO_REPLAY and _is_round_zero(replica, transport):
+        replica.round = 0
     if replica.round == target.round:
         return 0
     near = 0 <= replica.round < target.round and target.round - replica.round <= MAX_UPDATES_TO_REPLAY
@@ -40,6 +39,11 @@ def sync(replica: GlobalReplica, transport: Transport, target: RoundState, decod
         return received + _replay(replica, transport, target.round, decode)
     except Drift as drift:
         raise ServiceError(f"cannot reproduce the global state even from the checkpoint: {drift}") from None
+
+
+def _is_round_zero(replica: GlobalReplica, transport: Transport) -> bool:
+    """Whether the fresh ``replica`` (no outer state yet) is exactly the job's published round 0."""
+    return not replica.outer.state and replica.state_hash() == transport.round_state(0).state_hash
 
 
 def _load_checkpoint(replica: GlobalReplica, transport: Transport, target: RoundState) -> int:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpuflex.errors import BadRequest, Conflict, NotFound, ServiceError
 from gpuflex.protocol.messages import (
@@ -29,6 +29,13 @@ from gpuflex.protocol.messages import (
     RoundState,
 )
 from gpuflex.train.checkpoint import sha256
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from gpuflex.train.outer import GlobalReplica
+
+Decoder = Callable[[bytes], "dict[str, Tensor]"]
 
 
 class Transport(Protocol):
@@ -57,6 +64,31 @@ class Transport(Protocol):
     def publish_round(self, p: RoundPublish) -> None: ...
 
     def log(self, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A round's contribution, as the wrapper hands it to an exchange."""
+
+    blob: bytes
+    tokens: int
+    steps: int
+    train_loss: float | None
+
+
+class Exchange(Protocol):
+    """How a ``DiLoCo`` replica takes part in rounds: ``RelayExchange`` over a ``Transport``, or a
+    ``CollectiveTransport`` within a trusted group."""
+
+    def join(self, replica: GlobalReplica, decode: Decoder) -> bool:
+        """Bring ``replica`` to the job's newest round; False if the job is already over."""
+        ...
+
+    def exchange(self, replica: GlobalReplica, outgoing: Outgoing, decode: Decoder) -> tuple[bool, bool]:
+        """Contribute to ``replica``'s round and bring it to the next round.
+
+        Returns (whether the contribution was used, whether the job is still running)."""
+        ...
 
 
 def fetch_verified(transport: Transport, digest: str) -> bytes:

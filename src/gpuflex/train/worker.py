@@ -30,6 +30,7 @@ from gpuflex.train.data import round_generator
 from gpuflex.train.device_group import DeviceGroup
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task
+from gpuflex.train.schedule import set_lr
 from gpuflex.train.sync import sync
 from gpuflex.train.transport import Transport, fetch_verified, wait_for_round
 
@@ -46,7 +47,7 @@ class WorkerSummary:
     bytes_sent: int = 0  # pseudo-gradient bytes uploaded, stale ones included
     bytes_received: int = 0  # updates and checkpoints downloaded (the dataset not counted)
     compute_s: float = 0.0  # time spent in inner steps
-    wall_s: float = 0.0  # time from the first round's start to the end
+    wall_s: float = 0.0  # from the first round's start (joined) to the end
     finished: bool = False  # the job finished (rather than this worker being told to stop)
 
     @property
@@ -114,11 +115,18 @@ class Replica:
             if should_stop():
                 return None
             step_began = time.monotonic()
+            set_lr(self.optimizer, self.spec, (label + self._done(began, len(losses))) / self.spec.rounds)
             losses.append(self._step(generator))
             if self.after_step is not None:
                 self.after_step(time.monotonic() - step_began)
         delta = {n: start[n] - p.detach().cpu() for n, p in self.model.named_parameters()}
         return RoundResult(delta, len(losses), sum(losses) / len(losses), time.monotonic() - began)
+
+    def _done(self, began: float, steps: int) -> float:
+        """The share of this round's work done: its steps, or its time budget."""
+        if self.spec.round_seconds is None:
+            return steps / self.spec.inner_steps
+        return min(1.0, (time.monotonic() - began) / self.spec.round_seconds)
 
     def _out_of_time(self, began: float, steps: int) -> bool:
         budget = self.spec.round_seconds
@@ -157,7 +165,6 @@ def run_worker(
     group = DeviceGroup.start(config, blobs, _follow) if config.training.local_devices > 1 else None
     replica = Replica(config, recipe, data, group, after_step=after_step)
     loop = _Loop(replica, transport, WorkerSummary(), poll_interval_s, should_stop)
-    began = time.monotonic()
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange") as exchange:
             loop.exchange = exchange
@@ -165,7 +172,8 @@ def run_worker(
     finally:
         if group is not None:  # followers wait at a round boundary unless we stopped mid-round
             group.close(abort=not loop.summary.finished)
-    loop.summary.wall_s = time.monotonic() - began
+    if loop.began is not None:
+        loop.summary.wall_s = time.monotonic() - loop.began
     return loop.summary
 
 
@@ -186,6 +194,7 @@ class _Loop:
     should_stop: Callable[[], bool]
     exchange: ThreadPoolExecutor | None = None
     pending: Future | None = None
+    began: float | None = None  # when this worker had joined and began its first round
 
     def wait(self, newer_than: int) -> RoundState | None:
         return wait_for_round(self.transport, newer_than, self.poll_interval_s, self.should_stop)
@@ -199,6 +208,7 @@ class _Loop:
             self.summary.finished = state is not None
             return
         self.catch_up(state)
+        self.began = time.monotonic()
         start, label = self.replica.global_params(), state.round
         while (result := self.replica.train_round(start, label, self.should_stop)) is not None:
             self.summary.compute_s += result.compute_s

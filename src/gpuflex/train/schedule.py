@@ -1,0 +1,35 @@
+"""The inner learning rate over a job: linear warm-up, then a cosine decay to a tenth.
+
+It is a function of the job's progress, ``(round + share of the round done) / rounds``, not of a step
+count: with time-budgeted rounds nobody knows the job's steps in advance, and every worker, fast or
+slow, must be at the same point of the schedule in the same round. A decayed lr at the end also
+makes the replicas' last rounds agree, so the average loses little.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gpuflex.protocol.spec import TrainingSpec
+
+FLOOR = 0.1  # the cosine ends at this share of the peak lr
+
+
+def lr_factor(spec: TrainingSpec, progress: float) -> float:
+    """The share of ``spec.lr`` to use at ``progress`` (0 at the job's start, 1 at its end)."""
+    progress = min(max(progress, 0.0), 1.0)
+    if spec.lr_schedule == "constant":
+        return 1.0
+    if progress < spec.warmup:
+        return max(progress / spec.warmup, 0.01)
+    decay = (progress - spec.warmup) / (1 - spec.warmup)
+    return FLOOR + (1 - FLOOR) * 0.5 * (1 + math.cos(math.pi * decay))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, spec: TrainingSpec, progress: float) -> None:
+    """Put every parameter group of ``optimizer`` at the schedule's lr for ``progress``."""
+    factor = lr_factor(spec, progress)
+    for group in optimizer.param_groups:
+        group["lr"] = spec.lr * factor

@@ -1,0 +1,34 @@
+"""The inner lr over a job: warm-up, cosine decay to a tenth, or constant."""
+
+from itertools import pairwise
+
+import pytest
+import torch
+
+from gpuflex.train.schedule import FLOOR, lr_factor, set_lr
+
+from .helpers import tiny_spec
+
+
+def test_cosine_warms_up_peaks_then_decays_to_the_floor():
+    spec = tiny_spec(lr_schedule="cosine", warmup=0.1)
+    points = [i / 100 for i in range(101)]
+    factors = [lr_factor(spec, p) for p in points]
+    assert factors[0] < 0.05 and factors[10] == pytest.approx(1.0)
+    assert all(a < b for a, b in pairwise(factors[:11]))  # warming up
+    assert all(a >= b for a, b in pairwise(factors[10:]))  # decaying
+    assert factors[-1] == pytest.approx(FLOOR)
+    assert lr_factor(spec, 1.5) == pytest.approx(FLOOR)  # past the end (a late round) stays at the floor
+
+
+def test_constant_is_the_lr_throughout():
+    spec = tiny_spec(lr_schedule="constant")
+    assert {lr_factor(spec, p) for p in (0.0, 0.3, 1.0)} == {1.0}
+
+
+def test_set_lr_moves_every_group():
+    spec = tiny_spec(lr=0.01, warmup=0.0)
+    a, b = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([{"params": [a]}, {"params": [b]}], lr=spec.lr)
+    set_lr(optimizer, spec, 0.5)
+    assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(0.01 * (FLOOR + (1 - FLOOR) / 2))] * 2

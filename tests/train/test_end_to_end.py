@@ -202,19 +202,19 @@ def test_run_task_refuses_an_unknown_role():
         run_task(config, LocalTransport(1, 1))
 
 
-def test_a_worker_refuses_a_corrupted_checkpoint(corpus):
-    class CorruptCheckpoints(LocalTransport):
+def test_a_worker_refuses_a_corrupted_blob(corpus):
+    class CorruptBlobs(LocalTransport):
         def get_blob(self, digest: str) -> bytes:
             data = super().get_blob(digest)
             return data if data == corpus else data[:-1] + bytes([data[-1] ^ 1])
 
-    spec = tiny_spec(rounds=1)
-    transport = CorruptCheckpoints(1, live_workers=1)
-    Publisher(transport, spec)
+    spec = tiny_spec(rounds=2)
+    transport = CorruptBlobs(2, live_workers=1)
+    Publisher(transport, spec).next_round()  # the worker joins at round 1: it fetches round 1's update
     config = task_config(spec, transport.put_blob(corpus), "worker", 0, 1)
     with pytest.raises(ServiceError, match="corrupted"):
         run_worker(config, transport, poll_interval_s=POLL)
-    assert transport.contributions(0).contributions == []
+    assert transport.contributions(1).contributions == []
 
 
 def test_a_replica_replays_updates_and_resyncs_from_the_checkpoint_when_it_drifted(corpus):

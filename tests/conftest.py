@@ -7,11 +7,12 @@ import os
 import secrets
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
+from gpuflex.localnet import descendants
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -63,22 +64,18 @@ def database_url(request, tmp_path) -> Iterator[str]:
         yield from _fresh_postgres_database(request.getfixturevalue("postgres_server"))
 
 
-def _descendants(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children = [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        for child in children:
-            found += [child, *_descendants(child)]
-    return found
-
-
 @pytest.fixture(autouse=True)
 def _no_stray_processes() -> Iterator[None]:
     """Kill whatever a test left running, so one failure can't poison the next test."""
     yield
-    for pid in reversed(_descendants(os.getpid())):
+    for pid in reversed(descendants(os.getpid())):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("chaos", "tests/chaos: faults injected into a real network")
+    group.addoption("--soak", action="store_true", help="longer jobs and more faults per scenario")
+    group.addoption(
+        "--chaos-seed", type=int, default=None, help="seed of the fault schedule [default: fixed]"
+    )

@@ -1,20 +1,45 @@
-"""Tools the tests use to run real parts in-process: the coordinator served on loopback, a clock to move.
+"""Tools the tests use to run real parts: the coordinator served on loopback, a clock to move, a small
+job to train, and the check of every invariant straight from the database after a fault.
 
 They ship with the library (as torchft's and hivemind's fault injectors do) so any test suite of
-GPUFlex, or of a project built on it, can stand up a real coordinator without mocking it.
+GPUFlex, or of a project built on it, can stand up a real network without mocking it.
 """
 
 from __future__ import annotations
 
+import itertools
+import random
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
 
 import uvicorn
 from fastapi import FastAPI
+from sqlalchemy import func, select
 
+from gpuflex.coordinator.db import (
+    AccountBalance,
+    Contribution,
+    Job,
+    JournalEntry,
+    Lease,
+    Round,
+    Task,
+    make_engine,
+    make_sessionmaker,
+)
+from gpuflex.coordinator.services.ledger import entries
+from gpuflex.coordinator.services.market import OPEN_JOB_STATES
+from gpuflex.ledger import accounts
+from gpuflex.ledger.journal import balances, verify_chain
 from gpuflex.localnet import free_port
+from gpuflex.protocol.spec import JobSpec
+
+T = TypeVar("T")
 
 
 class Clock:
@@ -44,3 +69,150 @@ def serve(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def wait_for(condition: Callable[[], T], timeout_s: float, what: str, *, every_s: float = 0.3) -> T:
+    """``condition()``'s first truthy value, polled; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def write_corpus(directory: Path, *, files: int = 4, lines: int = 400) -> None:
+    """A small text with structure a model learns in a few rounds (no download, no stdlib scan)."""
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "train", "node", "round", "model", "lease", "epoch"]
+    directory.mkdir(parents=True)
+    for i in range(files):
+        text = "\n".join(" ".join(rng.choice(words) for _ in range(8)) + "." for _ in range(lines))
+        (directory / f"part{i}.txt").write_text(text)
+
+
+def small_job(data_dir: Path, *, workers: int, rounds: int, inner_steps: int = 15, **training) -> JobSpec:
+    """A job on ``write_corpus`` text with a one-layer model: a round takes a second or two on a CPU."""
+    return JobSpec.model_validate(
+        {
+            "name": "small",
+            "resources": {"workers": workers},
+            "training": {
+                "rounds": rounds,
+                "inner_steps": inner_steps,
+                "batch_size": 16,
+                "lr": 0.01,
+                "round_timeout_s": 60,
+                "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32},
+                **training,
+            },
+            "data": {"source": str(data_dir), "extensions": [".txt"], "max_bytes": 100_000},
+            "budget": 1.0,
+            "max_price_per_hour": 0.5,
+        }
+    )
+
+
+def check_invariants(database_url: str) -> list[str]:
+    """Every invariant of docs/architecture.md that the database can show; each problem as a sentence.
+
+    Read straight from the tables, not through the API, so a bug in a view can't hide a bug in a write.
+    An empty list means the network is sound: run it after every fault a test injects.
+    """
+    engine = make_engine(database_url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            return [*_lease_problems(session), *_round_problems(session), *_money_problems(session)]
+    finally:
+        engine.dispose()
+
+
+def _lease_problems(session) -> list[str]:
+
+    problems = []
+    by_task, active_by_node = defaultdict(list), defaultdict(list)
+    for lease in session.scalars(select(Lease).order_by(Lease.epoch)):
+        by_task[lease.task_id].append(lease)
+        if lease.state == "active":
+            active_by_node[lease.node_id].append(lease.id)
+    for node, held in active_by_node.items():
+        if len(held) > 1:
+            problems.append(f"node {node} holds {len(held)} live leases: {held}")
+    for task in session.scalars(select(Task)):
+        leases = by_task[task.id]
+        live = [lease for lease in leases if lease.state == "active"]
+        if len(live) > 1:
+            problems.append(f"task {task.id} has {len(live)} live leases")
+        if len({lease.epoch for lease in leases}) != len(leases):
+            problems.append(f"task {task.id} was leased twice under one epoch")
+        for before, after in itertools.pairwise(leases):
+            if before.ended_at is None or after.granted_at < before.ended_at:
+                problems.append(
+                    f"task {task.id}: epoch {after.epoch} was granted while epoch {before.epoch} lived"
+                )
+        if live and (task.state, task.epoch) != ("leased", live[0].epoch):
+            problems.append(
+                f"task {task.id} is {task.state} at epoch {task.epoch} under live epoch {live[0].epoch}"
+            )
+        if leases and task.epoch != leases[-1].epoch:
+            problems.append(
+                f"task {task.id} is at epoch {task.epoch}, its newest lease at {leases[-1].epoch}"
+            )
+    return problems
+
+
+def _round_problems(session) -> list[str]:
+
+    problems = []
+    for job in session.scalars(select(Job)):
+        published = list(
+            session.scalars(select(Round.round).where(Round.job_id == job.id).order_by(Round.round))
+        )
+        if published != list(range(job.round + 1)):
+            problems.append(f"job {job.id} at round {job.round} has published rounds {published}")
+        if job.state == "completed" and job.round != JobSpec.model_validate(job.spec).training.rounds:
+            problems.append(f"job {job.id} completed at round {job.round}")
+        for row in session.scalars(select(Round).where(Round.job_id == job.id, Round.round > 0)):
+            there = session.scalar(
+                select(func.count(Contribution.id)).where(
+                    Contribution.job_id == job.id, Contribution.round == row.round - 1
+                )
+            )
+            if row.contributions > there:
+                problems.append(
+                    f"job {job.id} round {row.round} used {row.contributions} of {there} contributions"
+                )
+    for c in session.scalars(select(Contribution)):
+        lease = session.get(Lease, c.lease_id)
+        if lease.task_id != c.task_id or lease.node_id != c.node_id:
+            problems.append(f"contribution {c.id} came through another task's lease")
+        if c.created_at < lease.granted_at:
+            problems.append(f"contribution {c.id} predates its lease")
+    return problems
+
+
+def _money_problems(session) -> list[str]:
+
+    journal = entries(session)
+    problems = []
+    report = verify_chain(journal)
+    if not report.ok:
+        problems.append(f"the journal does not verify: {report.problem}")
+    replayed = {a: n for a, n in balances(journal).items() if n}
+    kept = {row.account: row.balance for row in session.scalars(select(AccountBalance)) if row.balance}
+    if kept != replayed:
+        problems.append(f"kept balances {kept} differ from the journal's {replayed}")
+    if sum(replayed.values()) != 0:
+        problems.append(f"money is not conserved: balances sum to {sum(replayed.values())}")
+    settlements = Counter(
+        memo.split()[1]
+        for memo in session.scalars(select(JournalEntry.memo).where(JournalEntry.kind == "settlement"))
+    )
+    for job in session.scalars(select(Job)):
+        times = settlements.get(job.id, 0)
+        ended = job.state not in OPEN_JOB_STATES
+        if times != int(ended):
+            problems.append(f"job {job.id} ({job.state}) was settled {times} times")
+        if ended and replayed.get(accounts.escrow(job.id), 0):
+            problems.append(f"job {job.id} ended with {replayed[accounts.escrow(job.id)]} left in escrow")
+    return problems

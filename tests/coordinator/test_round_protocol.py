@@ -1,5 +1,7 @@
 """The round protocol, leases with epochs, liveness and settlement, driven through the real API."""
 
+import re
+
 import pytest
 
 from gpuflex.coordinator.app import reap_once
@@ -165,11 +167,79 @@ def test_heartbeats_renew_leases_and_revoke_unknown_ones(coordinator):
         [m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch), m.LeaseHeld(lease_id="l-unknown", epoch=1)]
     )
     assert ack.revoked == ["l-unknown"]
-    coordinator.clock.advance(12)
-    community[0].heartbeat([m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch)])
-    coordinator.clock.advance(12)  # 24 s after the grant, but 12 s after the renewal: still live
+    for _ in range(5):  # every 5 s: within the 6 s a node may stay silent
+        coordinator.clock.advance(5)
+        community[0].heartbeat([m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch)])
+    coordinator.clock.advance(4)  # 29 s after the grant (the lease lives 15 s), 4 s after a renewal
     reap_once(coordinator.ctx)
     assert coordinator.task(grant).latest_round() is None
+
+
+def test_a_lost_nodes_lease_ends_at_once_and_its_late_report_changes_nothing(coordinator):
+    """Loss is judged by heartbeats (6 s here), well before the lease's own 15 s expiry."""
+    alice, core, community, job = _network(coordinator, workers=1)
+    spare = coordinator.node("spare", price=0.2)
+    grant = community[0].lease()
+    coordinator.clock.advance(7)
+    for node in (core, spare):
+        node.heartbeat([])
+    reap_once(coordinator.ctx)  # the lease would live until 15 s; the node is lost at 6 s
+    events = [e.message for e in alice.logs(job.id)]
+    assert any(re.search(r"lost \(no heartbeat for 7\.\ds, limit 6s\); re-leasing", e) for e in events), (
+        events
+    )
+    regrant = spare.lease()
+    assert (regrant.task_id, regrant.epoch) == (grant.task_id, grant.epoch + 1)
+    # the lost node comes back after its network cut: it learns its lease is gone, and its word is refused
+    assert community[0].heartbeat([m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch)]).revoked == [
+        grant.lease_id
+    ]
+    with pytest.raises(Conflict, match="already ended"):
+        community[0].report(grant.lease_id, m.LeaseReport(epoch=grant.epoch, outcome="failed"))
+    with pytest.raises(Conflict, match="has ended"):
+        coordinator.task(grant).submit_contribution(
+            m.ContributionSubmit(round=0, delta="0" * 64, tokens=1, steps=1, train_loss=None)
+        )
+    task = next(t for t in alice.job(job.id).tasks if t.id == grant.task_id)
+    spare_id = next(o.node_id for o in alice.offers() if o.name == "spare")
+    assert (task.state, task.epoch, task.node_id) == ("leased", grant.epoch + 1, spare_id)
+
+
+def test_the_quorum_does_not_wait_for_a_worker_whose_node_went_quiet(coordinator):
+    alice, core, community, job = _network(coordinator, workers=2)
+    agg = coordinator.task(core.lease())
+    workers = [coordinator.task(n.lease()) for n in community]
+    agg.publish_round(m.RoundPublish(round=0, state_hash=H0, checkpoint=agg.put_blob(b"s0")))
+    delta = workers[0].put_blob(b"d0")
+    workers[0].submit_contribution(
+        m.ContributionSubmit(round=0, delta=delta, tokens=8, steps=1, train_loss=None)
+    )
+    assert agg.contributions(0).live_workers == 2  # one in, one owed by a worker heard from lately
+    coordinator.clock.advance(4.5)  # community[1] missed two heartbeats (2 s each): suspected, not lost
+    for node in (core, community[0]):
+        node.heartbeat([])
+    assert agg.contributions(0).live_workers == 1
+    reap_once(coordinator.ctx)
+    assert all(t.state == "leased" for t in alice.job(job.id).tasks)  # nothing was declared lost yet
+
+
+def test_a_worker_that_joins_during_a_round_is_not_waited_for_until_the_next(coordinator):
+    _, core, community, _ = _network(coordinator, workers=2)
+    agg = coordinator.task(core.lease())
+    early = coordinator.task(community[0].lease())
+    agg.publish_round(m.RoundPublish(round=0, state_hash=H0, checkpoint=agg.put_blob(b"s0")))
+    coordinator.clock.advance(0.5)
+    late = coordinator.task(community[1].lease())  # e.g. a replacement, still starting up
+    assert agg.contributions(0).live_workers == 1
+    for i, worker in enumerate((early, late)):  # it made it in time after all: it counts
+        delta = worker.put_blob(b"d%d" % i)
+        worker.submit_contribution(
+            m.ContributionSubmit(round=0, delta=delta, tokens=8, steps=1, train_loss=None)
+        )
+    assert agg.contributions(0).live_workers == 2
+    update = agg.put_blob(b"u1")
+    agg.publish_round(m.RoundPublish(round=1, state_hash=H0, update=update, checkpoint=None))
+    assert agg.contributions(1).live_workers == 2  # from the next round on, both are owed
 
 
 def test_silent_nodes_are_marked_lost(coordinator):

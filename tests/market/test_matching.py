@@ -30,8 +30,10 @@ def offer(
     return NodeOffer(node_id, f"box-{node_id}", kind, price, tflops, vram, tuple(gpus), region, reliability)
 
 
-def req(*, workers=2, vram=0, tflops=0, accelerators=(), region=None, max_price=0.50):
-    return Requirements(workers, vram, tflops, tuple(accelerators), region, max_price)
+def req(
+    *, workers=2, vram=0, tflops=0, accelerators=(), region=None, max_price=0.50, min_core=0, fallback=True
+):
+    return Requirements(workers, vram, tflops, tuple(accelerators), region, max_price, min_core, fallback)
 
 
 @pytest.mark.parametrize(
@@ -81,11 +83,14 @@ def test_from_spec():
                 "min_tflops": 2,
                 "accelerators": ["A100", " "],
                 "region": "eu",
+                "min_core_workers": 1,
+                "core_fallback": False,
             },
             "max_price_per_hour": 0.25,
         }
     )
-    assert Requirements.from_spec(spec) == Requirements(3, 8, 2, ("A100",), "eu", 0.25)
+    assert Requirements.from_spec(spec) == Requirements(3, 8, 2, ("A100",), "eu", 0.25, 1, False)
+    assert Requirements(3, 8, 2, (), None, 0.25) == req(workers=3, vram=8, tflops=2, max_price=0.25)
 
 
 def test_cost_per_useful_tflop():
@@ -104,7 +109,7 @@ def test_workers_ranked_by_cost_per_useful_tflop():
         offer("pricey-fast", price=0.40, tflops=4.0),  # 0.1
         offer("flaky", price=0.10, tflops=2.0, reliability=0.25),  # 0.2
     ]
-    choices = place_workers(req(), offers, count=3, exclude=set())
+    choices = place_workers(req(), offers, count=3, exclude=set()).choices
     assert ids(choices) == ["pricey-fast", "flaky", "cheap-slow"]
     assert choices[0].reason == (
         "rank 1 of 3 eligible community nodes by cost per useful TFLOP (0.400 credits/h ÷ 4 TFLOPS = 0.1)"
@@ -117,15 +122,19 @@ def test_ties_break_on_price_then_node_id():
         offer("a", price=0.2, tflops=2),
         offer("c", price=0.1, tflops=1),
     ]
-    assert ids(place_workers(req(), offers, count=3, exclude=set())) == ["c", "a", "b"]
-    assert ids(place_workers(req(), list(reversed(offers)), count=3, exclude=set())) == ["c", "a", "b"]
+    assert ids(place_workers(req(), offers, count=3, exclude=set()).choices) == ["c", "a", "b"]
+    assert ids(place_workers(req(), list(reversed(offers)), count=3, exclude=set()).choices) == [
+        "c",
+        "a",
+        "b",
+    ]
 
 
 def test_price_cap_and_exclude_and_count():
     offers = [offer("over", price=0.6, tflops=100), offer("x", tflops=3), offer("y", tflops=2), offer("z")]
-    assert ids(place_workers(req(max_price=0.5), offers, count=5, exclude={"x"})) == ["y", "z"]
-    assert ids(place_workers(req(), offers, count=1, exclude=set())) == ["x"]
-    assert place_workers(req(), offers, count=0, exclude=set()) == []
+    assert ids(place_workers(req(max_price=0.5), offers, count=5, exclude={"x"}).choices) == ["y", "z"]
+    assert ids(place_workers(req(), offers, count=1, exclude=set()).choices) == ["x"]
+    assert place_workers(req(), offers, count=0, exclude=set()).choices == ()
     with pytest.raises(BadRequest):
         place_workers(req(), offers, count=-1, exclude=set())
 
@@ -136,16 +145,17 @@ def test_community_first_core_as_fallback():
         offer("comm-1", tflops=1),
         offer("comm-2", tflops=2),
     ]
-    assert ids(place_workers(req(), offers, count=2, exclude=set())) == ["comm-2", "comm-1"]
-    choices = place_workers(req(), offers, count=3, exclude=set())
+    assert ids(place_workers(req(), offers, count=2, exclude=set()).choices) == ["comm-2", "comm-1"]
+    choices = place_workers(req(), offers, count=3, exclude=set()).choices
     assert ids(choices) == ["comm-2", "comm-1", "core-fast"]
     assert "rank 1 of 1 eligible core node" in choices[2].reason
     assert "core node because only 2 eligible community nodes" in choices[2].reason
+    assert place_workers(req(), offers, count=4, exclude=set()).wait_reason is None  # just out of nodes
 
 
 def test_one_choice_per_node():
     offers = [offer("n1", price=0.3), offer("n1", price=0.1), offer("n2", price=0.2)]
-    choices = place_workers(req(), offers, count=3, exclude=set())
+    choices = place_workers(req(), offers, count=3, exclude=set()).choices
     assert ids(choices) == ["n1", "n2"]
     assert "0.100 credits/h" in choices[0].reason
 
@@ -176,6 +186,87 @@ def test_aggregator_is_the_cheapest_eligible_core_node():
     )
 
 
+def test_the_core_quota_comes_first_even_when_community_nodes_are_free():
+    offers = [
+        offer("core-a", kind="core", price=0.3),
+        offer("core-b", kind="core", price=0.2),
+        offer("core-c", kind="core", price=0.4),
+        offer("comm-1", price=0.01),
+        offer("comm-2", price=0.02),
+    ]
+    placement = place_workers(req(workers=3, min_core=2), offers, count=3, exclude=set())
+    assert ids(placement.choices) == ["core-b", "core-a", "comm-1"]
+    assert placement.choices[0].reason == (
+        "core node: the job asks for at least 2 core workers; rank 1 of 3 eligible core nodes "
+        "by cost per useful TFLOP (0.200 credits/h ÷ 1 TFLOPS = 0.2)"
+    )
+    assert placement.choices[1].reason.startswith(
+        "core node: the job asks for at least 2 core workers; rank 2"
+    )
+    assert placement.choices[2].reason.startswith("rank 1 of 2 eligible community nodes")
+    assert placement.wait_reason is None
+
+
+def test_fallback_core_nodes_rank_after_the_quota():
+    offers = [offer("core-a", kind="core", price=0.1), offer("core-b", kind="core", price=0.2)]
+    choices = place_workers(req(min_core=1), offers, count=2, exclude=set()).choices
+    assert ids(choices) == ["core-a", "core-b"]
+    assert choices[0].reason.startswith("core node: the job asks for at least 1 core worker; rank 1 of 2")
+    assert choices[1].reason.startswith("rank 2 of 2 eligible core nodes")
+    assert choices[1].reason.endswith("; core node because only 0 eligible community nodes")
+
+
+def test_slots_the_quota_needs_wait_for_a_core_node_instead_of_going_to_community():
+    offers = [offer("core-a", kind="core"), *(offer(f"comm-{i}") for i in range(5))]
+    placement = place_workers(req(workers=3, min_core=2), offers, count=3, exclude=set())
+    assert ids(placement.choices) == ["core-a", "comm-0"]
+    assert (
+        placement.wait_reason
+        == "the job asks for at least 2 core workers (1 so far) and no eligible core node is free"
+    )
+    later = place_workers(req(workers=3, min_core=2), offers, count=1, exclude={"core-a"}, core_already=1)
+    assert later.choices == ()
+    assert (
+        later.wait_reason
+        == "the job asks for at least 2 core workers (1 so far) and no eligible core node is free"
+    )
+
+
+def test_workers_already_on_core_count_toward_the_quota():
+    offers = [offer("core-a", kind="core", price=0.01), offer("comm-1", price=0.2)]
+    r = req(workers=3, min_core=1)
+    assert ids(place_workers(r, offers, count=1, exclude=set()).choices) == ["core-a"]
+    replacement = place_workers(r, offers, count=1, exclude=set(), core_already=1).choices
+    assert ids(replacement) == ["comm-1"]
+    assert replacement[0].reason.startswith("rank 1 of 1 eligible community node ")
+
+
+WAITS_FOR_COMMUNITY = "no eligible community node is free and the job forbids core fallback"
+
+
+def test_forbidden_fallback_leaves_workers_waiting_for_community_nodes():
+    offers = [offer("core-fast", kind="core", tflops=50), offer("comm-1")]
+    placement = place_workers(req(workers=3, fallback=False), offers, count=3, exclude=set())
+    assert ids(placement.choices) == ["comm-1"]
+    assert placement.wait_reason == WAITS_FOR_COMMUNITY
+    alone = place_workers(req(workers=3, fallback=False), offers, count=1, exclude={"comm-1"})
+    assert alone.choices == ()
+    assert alone.wait_reason == WAITS_FOR_COMMUNITY
+    no_core_either = place_workers(req(fallback=False), offers, count=2, exclude={"core-fast"})
+    assert no_core_either.wait_reason is None  # the rule held nobody back: there was no core node to use
+
+
+def test_forbidden_fallback_still_honours_the_quota():
+    offers = [
+        offer("core-a", kind="core", price=0.1),
+        offer("core-b", kind="core", price=0.2),
+        offer("comm-1"),
+    ]
+    placement = place_workers(req(workers=3, min_core=1, fallback=False), offers, count=3, exclude=set())
+    assert ids(placement.choices) == ["core-a", "comm-1"]
+    assert placement.wait_reason == WAITS_FOR_COMMUNITY
+
+
 offers_st = st.lists(
     st.builds(
         NodeOffer,
@@ -200,21 +291,41 @@ reqs_st = st.builds(
     accelerators=st.lists(st.sampled_from(["a100", "4090", "H100"]), max_size=2).map(tuple),
     region=st.sampled_from([None, "eu", "us"]),
     max_price_per_hour=st.floats(0.01, 2),
+    min_core_workers=st.integers(0, 4),
+    core_fallback=st.booleans(),
 )
 
 
-@given(reqs_st, offers_st, st.integers(0, 12), st.sets(st.text("abcdef", min_size=1, max_size=3), max_size=3))
-def test_placement_properties(r, offers, count, exclude):
-    chosen = ids(place_workers(r, offers, count=count, exclude=exclude))
+@given(
+    reqs_st,
+    offers_st,
+    st.integers(0, 12),
+    st.sets(st.text("abcdef", min_size=1, max_size=3), max_size=3),
+    st.integers(0, 4),
+)
+def test_placement_properties(r, offers, count, exclude, core_already):
+    placement = place_workers(r, offers, count=count, exclude=exclude, core_already=core_already)
+    chosen = ids(placement.choices)
     by_id = {o.node_id: o for o in offers}
     eligible = [o for o in offers if not unmet(o, r) and o.node_id not in exclude]
-    assert len(chosen) == len(set(chosen)) == min(count, len(eligible))
+    assert len(chosen) == len(set(chosen)) <= count
     assert all(not unmet(by_id[n], r) and n not in exclude for n in chosen)
+    owed = min(max(r.min_core_workers - core_already, 0), count)
+    quota = min(owed, sum(o.kind == "core" for o in eligible))
+    on_core = [n for n in chosen if by_id[n].kind == "core"]
+    assert chosen[:quota] == on_core[:quota], "the core quota comes first"
+    if not r.core_fallback:
+        assert len(on_core) <= owed, "a core node was placed beyond the quota though fallback is forbidden"
     community = [o for o in eligible if o.kind == "community"]
     picked = [by_id[n] for n in chosen if by_id[n].kind == "community"]
     skipped = [o for o in community if o.node_id not in chosen]
+    assert len(picked) <= count - owed, "a slot the core quota needs went to a community node"
     for p in picked:
         assert all(cost_per_useful_tflop(s) >= cost_per_useful_tflop(p) for s in skipped)
-    if any(by_id[n].kind == "core" for n in chosen):
-        assert not skipped, "a core node was placed while an eligible community node was left out"
-    assert chosen[: len(picked)] == [o.node_id for o in picked], "community nodes come first"
+    if len(on_core) > owed:
+        assert not skipped, "a core node fell back in while an eligible community node was left out"
+    assert chosen[quota : quota + len(picked)] == [o.node_id for o in picked], "then community nodes"
+    if placement.wait_reason is None:
+        assert len(chosen) == min(count, len(eligible)), "workers left waiting without a reason"
+    else:
+        assert len(chosen) < count

@@ -18,6 +18,20 @@ def test_the_shipped_example_is_valid():
 def test_defaults_fill_everything_but_the_name():
     spec = parse_job_spec({"name": "tiny"})
     assert spec.training.outer_lr == 0.7 and spec.training.outer_momentum == 0.9
+    assert (spec.resources.min_core_workers, spec.resources.core_fallback) == (0, True)
+
+
+def test_a_job_can_ask_for_core_workers_and_forbid_core_fallback():
+    spec = job_spec_from_yaml("name: x\nresources: {workers: 3, min_core_workers: 3, core_fallback: false}")
+    assert (spec.resources.min_core_workers, spec.resources.core_fallback) == (3, False)
+
+
+def test_the_core_quota_cannot_exceed_the_workers():
+    with pytest.raises(SpecError) as err:
+        job_spec_from_yaml("name: x\nresources: {workers: 2, min_core_workers: 3}")
+    assert err.value.message == (
+        "invalid job spec: resources: Value error, min_core_workers (3) must be at most workers (2)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -25,6 +39,8 @@ def test_defaults_fill_everything_but_the_name():
     [
         ("name: x\ntraining: {roundz: 3}", "training.roundz: unknown field"),
         ("name: x\nresources: {workers: 0}", "resources.workers"),
+        ("name: x\nresources: {min_core_workers: -1}", "resources.min_core_workers"),
+        ("name: x\nresources: {core_fallback: maybe}", "resources.core_fallback"),
         ("name: x\ntraining: {compression: zip}", "training.compression"),
         ("name: x\nbudget: -1", "budget"),
         ("name: x\ntraining: {model: {n_embd: 30, n_head: 4}}", "training.model"),

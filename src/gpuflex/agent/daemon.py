@@ -36,6 +36,7 @@ class AgentConfig:
     core_token: str | None = None
     region: str = "local"
     task_threads: int = 0  # 0: torch's default (every core); the local network uses 1 per task
+    emulate_step_s: float = 0.0  # > 0: pad each inner step to this long (one machine posing as many)
     lease_poll_s: float = 1.0
     benchmark_s: float = 1.5
     limits: Limits = field(default_factory=Limits)
@@ -141,6 +142,7 @@ class Agent:
                 "GPUFLEX_COORDINATOR_URL": self.config.coordinator_url,
                 "GPUFLEX_TASK_TOKEN": grant.task_token,
                 "GPUFLEX_TASK_THREADS": str(self.config.task_threads),
+                "GPUFLEX_TASK_MIN_STEP_S": str(self.config.emulate_step_s),
             },
             limits=self.limits,
             log_path=workdir / "task.log",

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 
@@ -26,10 +27,17 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(threads)
     stop = {"requested": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
+    agent = os.getppid()  # if the agent dies (kill -9), nobody supervises or renews us: stop too
     config = TaskConfig.model_validate_json(Path(argv[0]).read_text())
     client = TaskClient(os.environ["GPUFLEX_COORDINATOR_URL"], os.environ["GPUFLEX_TASK_TOKEN"])
+    min_step_s = float(os.environ.get("GPUFLEX_TASK_MIN_STEP_S", "0"))
     try:
-        summary = run_task(config, client, should_stop=lambda: stop["requested"])
+        summary = run_task(
+            config,
+            client,
+            should_stop=lambda: stop["requested"] or os.getppid() != agent,
+            after_step=(lambda took: time.sleep(max(0.0, min_step_s - took))) if min_step_s > 0 else None,
+        )
     finally:
         client.close()
     logging.info("task done: %s", summary)

@@ -38,6 +38,12 @@ def start(
     region: Annotated[str, typer.Option(help="region label")] = "local",
     threads: Annotated[int, typer.Option(help="CPU threads a task may use; 0: all")] = 0,
     memory_mb: Annotated[int, typer.Option(help="address-space limit of a task (MB)")] = 8192,
+    emulate_step_s: Annotated[
+        float,
+        typer.Option(
+            min=0, help="pad each training step to at least this long: emulate a slower device (benchmarks)"
+        ),
+    ] = 0.0,
     log_format: Annotated[
         LogFormat, typer.Option(envvar="GPUFLEX_LOG_FORMAT", help="text, or json (one object per line)")
     ] = "text",
@@ -57,6 +63,7 @@ def start(
         core_token=core_token,
         region=region,
         task_threads=threads,
+        emulate_step_s=emulate_step_s,
         limits=Limits(memory_mb=memory_mb),
     )
     agent = Agent(config)

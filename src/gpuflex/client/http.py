@@ -57,7 +57,7 @@ class HttpSession:
                 if response.status_code not in RETRYABLE_STATUS or time.monotonic() >= deadline:
                     return _checked(response)
             time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            delay = min(delay * 2, 1.0)  # a restarted coordinator is back within a second of it
 
     def _send(self, method, path, *, json, content, params) -> httpx.Response:
         request = self._http.build_request(method, path, json=json, content=content, params=params)

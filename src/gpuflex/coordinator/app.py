@@ -13,6 +13,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex import __version__
@@ -34,11 +35,6 @@ from gpuflex.storage import LocalBlobStore
 log = logging.getLogger("gpuflex.coordinator")
 
 
-def _lost(nodes: list) -> None:
-    for node in nodes:
-        log.info("node lost", extra={"node_id": node.id})
-
-
 def _expired(expired: list, metrics: CoordinatorMetrics | None) -> None:
     if metrics is not None:
         metrics.leases_expired.inc(len(expired))
@@ -47,11 +43,29 @@ def _expired(expired: list, metrics: CoordinatorMetrics | None) -> None:
         log.info("lease expired", extra=extra)
 
 
-def reap_once(ctx: CoordinatorContext, metrics: CoordinatorMetrics | None = None) -> None:
-    """One pass of the periodic duties; each in its own transaction so one failure spares the rest."""
-    duties = (
-        lambda s, now: _lost(registry.mark_lost(s, ctx.settings, now)),
+def _find_lost(s: Session, ctx: CoordinatorContext, now: float, metrics: CoordinatorMetrics | None) -> None:
+    """Mark silent nodes lost and end their leases at once, so their tasks are re-leased now."""
+    silence = ctx.settings.node_lost_after_s
+    for node in registry.mark_lost(s, ctx.settings, now):
+        log.info("node lost", extra={"node_id": node.id})
+        why = f"lost (no heartbeat for {now - node.last_heartbeat_at:.1f}s, limit {silence:g}s)"
+        _expired(leases.expire_for_node(s, node.id, now, why), metrics)
+
+
+def reap_once(
+    ctx: CoordinatorContext, metrics: CoordinatorMetrics | None = None, *, judge_liveness: bool = True
+) -> None:
+    """One pass of the periodic duties; each in its own transaction so one failure spares the rest.
+
+    ``judge_liveness`` is False for a while after this replica starts: nodes could not reach a
+    coordinator that was down, so their silence proves nothing until they have had time to beat.
+    """
+    liveness = (
+        lambda s, now: _find_lost(s, ctx, now, metrics),
         lambda s, now: _expired(leases.expire(s, now), metrics),
+    )
+    duties = (
+        *(liveness if judge_liveness else ()),
         lambda s, now: job_service.enforce_limits(s, now, fee_bps=ctx.settings.platform_fee_bps),
         lambda s, now: market_service.place_pending(s, now),
         lambda s, now: registry.prune_nonces(s, ctx.settings, now),
@@ -65,8 +79,10 @@ def reap_once(ctx: CoordinatorContext, metrics: CoordinatorMetrics | None = None
 
 
 async def _reaper(ctx: CoordinatorContext, metrics: CoordinatorMetrics) -> None:
+    started = ctx.now()
+    grace = ctx.settings.node_lost_after_s + ctx.settings.heartbeat_interval_s
     while True:
-        await run_in_threadpool(reap_once, ctx, metrics)
+        await run_in_threadpool(reap_once, ctx, metrics, judge_liveness=ctx.now() - started >= grace)
         await asyncio.sleep(ctx.settings.reaper_interval_s)
 
 

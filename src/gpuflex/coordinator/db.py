@@ -21,9 +21,10 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    text,
 )
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 
 def new_id(prefix: str) -> str:
@@ -178,6 +179,30 @@ class AccountBalance(Base):
 
 
 Index("ix_leases_active_task", Lease.task_id, Lease.state)
+# The database itself refuses a second live lease of one task, whatever a replica's code does.
+Index(
+    "uq_leases_one_active_per_task",
+    Lease.task_id,
+    unique=True,
+    sqlite_where=Lease.state == "active",
+    postgresql_where=Lease.state == "active",
+)
+
+
+def try_lock(session: Session, key: int) -> bool:
+    """Take a transaction-scoped lock that coordinator replicas share; False if another holds it.
+
+    PostgreSQL: an advisory lock. SQLite: every transaction already holds the database's write lock.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": key}))
+
+
+def lock(session: Session, key: int) -> None:
+    """Wait for the transaction-scoped lock ``key`` (see ``try_lock``)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 def make_engine(url: str) -> Engine:

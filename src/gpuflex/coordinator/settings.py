@@ -47,6 +47,11 @@ class CoordinatorSettings(BaseSettings):
     def node_lost_after_s(self) -> float:
         return self.heartbeat_interval_s * self.heartbeat_misses
 
+    @property
+    def node_suspect_after_s(self) -> float:
+        """A node that missed a heartbeat is suspected: rounds stop waiting for it, it is not lost yet."""
+        return min(2 * self.heartbeat_interval_s, self.node_lost_after_s)
+
     def resolved_core_token(self) -> str:
         """The operator's core token: the setting, else one made once and kept in data_dir."""
         return self.core_token or self._kept_secret("core_token")

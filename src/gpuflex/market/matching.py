@@ -3,9 +3,13 @@
 Workers are ranked by expected cost per useful TFLOP, ``price / (tflops x reliability)``: a
 cheap slow or flaky node is not a bargain. Community nodes are placed first; core nodes fill
 in only when too few community nodes qualify, because core capacity is scarce and also hosts
-aggregators, referees and audits. The aggregator runs only on a core node (it holds the
-global model, so it must be trusted); it needs little compute, so only the price cap and the
-region apply to it, and the cheapest wins. Every choice carries a reason a person can read.
+aggregators, referees and audits. A job may ask for a trusted backbone (``min_core_workers``:
+that many workers go to core nodes first) and may forbid the fallback (``core_fallback``:
+its other workers then wait for community nodes). A worker on a core node, whatever the
+reason, is metered at that node's own price: that is "the core price". The aggregator runs
+only on a core node (it holds the global model, so it must be trusted); it needs little
+compute, so only the price cap and the region apply to it, and the cheapest wins. Every
+choice carries a reason a person can read.
 
 Pure functions over frozen values: the coordinator and the simulator call the same code.
 """
@@ -44,6 +48,8 @@ class Requirements:
     accelerators: tuple[str, ...]  # any-of, case-insensitive substrings of GPU names; empty: any
     region: str | None
     max_price_per_hour: float
+    min_core_workers: int = 0  # of all the job's workers, at least this many on core nodes
+    core_fallback: bool = True  # workers beyond that quota may use core nodes when community is short
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> Requirements:
@@ -55,6 +61,8 @@ class Requirements:
             accelerators=tuple(a.strip() for a in r.accelerators if a.strip()),
             region=r.region,
             max_price_per_hour=spec.max_price_per_hour,
+            min_core_workers=r.min_core_workers,
+            core_fallback=r.core_fallback,
         )
 
 
@@ -62,6 +70,15 @@ class Requirements:
 class Choice:
     node_id: str
     reason: str
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    """Nodes for a job's unplaced workers, best first, and why the job's own core rules leave some
+    of them waiting (None when they do not: the market may simply be short of eligible nodes)."""
+
+    choices: tuple[Choice, ...]
+    wait_reason: str | None = None
 
 
 def _num(x: float, decimals: int) -> str:
@@ -147,22 +164,46 @@ def _eligible(
 
 
 def place_workers(
-    req: Requirements, offers: Iterable[NodeOffer], *, count: int, exclude: set[str]
-) -> list[Choice]:
-    """Up to ``count`` distinct nodes: eligible community nodes by rank, then core nodes by rank."""
+    req: Requirements, offers: Iterable[NodeOffer], *, count: int, exclude: set[str], core_already: int = 0
+) -> WorkerPlacement:
+    """Up to ``count`` distinct nodes: core nodes the job's core quota still needs, then community
+    nodes by rank, then core nodes as fallback when the job allows it.
+
+    Placement is incremental (a lost worker's replacement is placed alone), so ``core_already``
+    says how many of the job's workers already run on, or are placed on, core nodes. The slots the
+    quota still needs never go to community nodes: short of core nodes, those workers wait rather
+    than the job silently running without its backbone.
+    """
     if count < 0:
         raise BadRequest(f"worker count must be >= 0, got {count}")
     eligible = _eligible(offers, exclude, lambda o: not unmet(o, req), _worker_key)
     community = [o for o in eligible if o.kind == "community"]
     core = [o for o in eligible if o.kind == "core"]
-    choices = [
+    owed = min(max(req.min_core_workers - core_already, 0), count)  # quota slots this call must fill
+    ranked_core = [(o, _worker_reason(o, i, len(core), "core")) for i, o in enumerate(core)]
+    quota = f"core node: the job asks for at least {_core_workers(req.min_core_workers)}; "
+    choices = [Choice(o.node_id, quota + why) for o, why in ranked_core[:owed]]
+    others = [
         Choice(o.node_id, _worker_reason(o, i, len(community), "community")) for i, o in enumerate(community)
     ]
-    fallback = f"; core node because only {_nodes(len(community), 'eligible community')}"
-    choices += [
-        Choice(o.node_id, _worker_reason(o, i, len(core), "core") + fallback) for i, o in enumerate(core)
-    ]
-    return choices[:count]
+    spare_core = ranked_core[owed:]
+    if req.core_fallback:
+        fallback = f"; core node because only {_nodes(len(community), 'eligible community')}"
+        others += [Choice(o.node_id, why + fallback) for o, why in spare_core]
+    # Told as the state after this placement, so the next pass, finding the same, says the same.
+    wait_reason = None
+    if len(core) < owed:
+        wait_reason = (
+            f"the job asks for at least {_core_workers(req.min_core_workers)} "
+            f"({core_already + len(core)} so far) and no eligible core node is free"
+        )
+    elif not req.core_fallback and spare_core and len(community) < count - owed:
+        wait_reason = "no eligible community node is free and the job forbids core fallback"
+    return WorkerPlacement(tuple(choices + others[: count - owed]), wait_reason)
+
+
+def _core_workers(n: int) -> str:
+    return f"{n} core worker{'' if n == 1 else 's'}"
 
 
 def _worker_reason(offer: NodeOffer, index: int, of: int, kind: str) -> str:

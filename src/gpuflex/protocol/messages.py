@@ -190,7 +190,7 @@ class TaskInfo(Message):
     state: TaskState
     node_id: str | None
     epoch: int
-    placement: str = Field("", description="why the market chose this node")
+    placement: str = Field("", description="why the market chose this node, or why the task waits")
 
 
 class RoundInfo(Message):
@@ -242,6 +242,9 @@ class RoundState(Message):
     checkpoint_round: int = -1
     tokens: int = Field(0, description="tokens trained on, over all rounds up to this one")
     finished: bool = False
+    age_s: float = Field(
+        0.0, ge=0, description="seconds since it was published: a worker joining late budgets the rest"
+    )
 
 
 class ContributionSubmit(Message):
@@ -264,7 +267,10 @@ class Contribution(Message):
 class ContributionList(Message):
     round: int
     contributions: list[Contribution]
-    live_workers: int = Field(description="workers holding a live lease now: the quorum to wait for")
+    live_workers: int = Field(
+        description="the quorum to wait for: tasks that contributed, plus workers holding a live lease "
+        "whose node was heard from lately and that still owe a contribution"
+    )
 
 
 class RoundPublish(Message):

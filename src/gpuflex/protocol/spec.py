@@ -3,7 +3,8 @@
 Every model is strict (``extra="forbid"``) so a typo is an error that names the field::
 
     name: stdlib-char-gpt
-    resources: {workers: 3, min_vram_gb: 0, min_tflops: 0, accelerators: [], region: null}
+    resources: {workers: 3, min_vram_gb: 0, min_tflops: 0, accelerators: [], region: null,
+                min_core_workers: 0, core_fallback: true}
     training: {recipe: char-gpt, rounds: 8, inner_steps: 30, compression: int8, batch_size: 32, lr: 0.003}
     data: {source: stdlib}
     max_price_per_hour: 0.50
@@ -34,6 +35,22 @@ class Resources(_Strict):
     min_tflops: Annotated[float, Field(ge=0)] = 0
     accelerators: list[str] = Field(default_factory=list, description="any-of GPU names; empty: any, CPU too")
     region: str | None = None
+    min_core_workers: Annotated[int, Field(ge=0)] = Field(
+        0, description="at least this many workers run on core (trusted) nodes, e.g. as a reliable backbone"
+    )
+    core_fallback: bool = Field(
+        True,
+        description="let workers beyond min_core_workers fall back to core nodes (at the core price) "
+        "when community supply is short; false: they wait for community nodes",
+    )
+
+    @model_validator(mode="after")
+    def _core_quota_fits(self) -> Resources:
+        if self.min_core_workers > self.workers:
+            raise ValueError(
+                f"min_core_workers ({self.min_core_workers}) must be at most workers ({self.workers})"
+            )
+        return self
 
 
 class ModelSpec(_Strict):

@@ -24,10 +24,16 @@ def run_task(
     should_stop: Callable[[], bool] = lambda: False,
     *,
     poll_interval_s: float = 0.2,
+    after_step: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the task as a worker or as the aggregator until the job finishes or ``should_stop``."""
+    """Run the task as a worker or as the aggregator until the job finishes or ``should_stop``.
+
+    ``after_step`` is passed to a worker (see ``run_worker``).
+    """
     if config.role == "worker":
-        summary: Any = run_worker(config, transport, poll_interval_s=poll_interval_s, should_stop=should_stop)
+        summary: Any = run_worker(
+            config, transport, poll_interval_s=poll_interval_s, should_stop=should_stop, after_step=after_step
+        )
     elif config.role == "aggregator":
         summary = run_aggregator(config, transport, poll_interval_s=poll_interval_s, should_stop=should_stop)
     else:

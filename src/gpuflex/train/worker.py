@@ -99,9 +99,15 @@ class Replica:
     def global_params(self) -> Params:
         return {n: p.detach().clone() for n, p in self.global_.parameters().items()}
 
-    def train_round(self, start: Params, label: int, should_stop: Callable[[], bool]) -> RoundResult | None:
-        """Inner steps from ``start``: ``inner_steps`` of them, or as many as fit in ``round_seconds``."""
-        began = time.monotonic()
+    def train_round(
+        self, start: Params, label: int, should_stop: Callable[[], bool], *, late_s: float = 0.0
+    ) -> RoundResult | None:
+        """Inner steps from ``start``: ``inner_steps`` of them, or as many as fit in ``round_seconds``.
+
+        ``late_s``: how long ago the round began (it was published). A time-budgeted worker that joins
+        or catches up late trains only for the rest of the round, so it does not hold the round up.
+        """
+        began = time.monotonic() - late_s
         rank = self.group.rank if self.group else 0
         if rank == 0 and self.group:
             self.group.begin_round(start, label)
@@ -120,7 +126,8 @@ class Replica:
             if self.after_step is not None:
                 self.after_step(time.monotonic() - step_began)
         delta = {n: start[n] - p.detach().cpu() for n, p in self.model.named_parameters()}
-        return RoundResult(delta, len(losses), sum(losses) / len(losses), time.monotonic() - began)
+        compute_s = time.monotonic() - began - late_s
+        return RoundResult(delta, len(losses), sum(losses) / len(losses), compute_s)
 
     def _done(self, began: float, steps: int) -> float:
         """The share of this round's work done: its steps, or its time budget."""
@@ -209,8 +216,9 @@ class _Loop:
             return
         self.catch_up(state)
         self.began = time.monotonic()
-        start, label = self.replica.global_params(), state.round
-        while (result := self.replica.train_round(start, label, self.should_stop)) is not None:
+        start, label, late_s = self.replica.global_params(), state.round, state.age_s
+        while (result := self.replica.train_round(start, label, self.should_stop, late_s=late_s)) is not None:
+            late_s = 0.0
             self.summary.compute_s += result.compute_s
             state = self.wait(label - 1)  # round ``label`` must be published to contribute to it
             if state is None or state.finished:
@@ -218,7 +226,7 @@ class _Loop:
             if state.round > label:  # the round closed while we trained: start again from the newest
                 self.summary.stale.append(label)
                 self.catch_up(state)
-                start, label = self.replica.global_params(), state.round
+                start, label, late_s = self.replica.global_params(), state.round, state.age_s
                 continue
             self.catch_up(state)
             self.submit(label, result)
@@ -231,7 +239,7 @@ class _Loop:
             if state is None or state.finished:
                 break
             self.catch_up(state)
-            start, label = self.replica.global_params(), state.round
+            start, label, late_s = self.replica.global_params(), state.round, state.age_s
         self.settle()
         self.summary.finished = bool(state and state.finished)
 

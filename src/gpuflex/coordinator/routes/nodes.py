@@ -26,7 +26,7 @@ async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.N
         with ctx.tx() as s:
             node_id = node_id_for(body.public_key)
             registry.check_signature(s, body.public_key, node_id, signed, ctx.settings, ctx.now())
-            leases.expire_for_node(s, node_id, ctx.now())
+            leases.expire_for_node(s, node_id, ctx.now(), "restarted (registered again)")
             return registry.register(s, body, ctx.settings, ctx.now())
 
     node = await run_in_threadpool(run)

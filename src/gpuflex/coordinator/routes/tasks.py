@@ -17,7 +17,7 @@ logger = logging.getLogger("gpuflex.coordinator")  # `log` is the route below
 @router.get("/round", responses={204: {"description": "round 0 is not published yet"}})
 def latest_round(lease: TaskLease, ctx: Ctx) -> m.RoundState | None:
     with ctx.tx() as s:
-        state = rounds.latest(s, lease)
+        state = rounds.latest(s, lease, ctx.now())
     return state if state is not None else Response(status_code=204)
 
 
@@ -25,7 +25,7 @@ def latest_round(lease: TaskLease, ctx: Ctx) -> m.RoundState | None:
 def round_state(round_: int, lease: TaskLease, ctx: Ctx) -> m.RoundState:
     """A published round, for a replica catching up update by update."""
     with ctx.tx() as s:
-        return rounds.get(s, lease, round_)
+        return rounds.get(s, lease, round_, ctx.now())
 
 
 @router.post("/contributions")
@@ -38,7 +38,9 @@ def contribute(body: m.ContributionSubmit, lease: TaskLease, ctx: Ctx) -> dict[s
 @router.get("/contributions")
 def contributions(lease: TaskLease, ctx: Ctx, round: int = Query(ge=0)) -> m.ContributionList:
     with ctx.tx() as s:
-        return rounds.contributions(s, lease, round)
+        return rounds.contributions(
+            s, lease, round, heard_since=ctx.now() - ctx.settings.node_suspect_after_s
+        )
 
 
 @router.post("/rounds")

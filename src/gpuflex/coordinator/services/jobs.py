@@ -89,7 +89,11 @@ def metered(session: Session, job: Job, now: float) -> int:
 
 
 def finish(session: Session, job: Job, state: str, reason: str, now: float, *, fee_bps: int) -> None:
-    """End a job once: close its leases, pay the providers and the fee, refund the rest."""
+    """End a job once: close its leases, pay the providers and the fee, refund the rest.
+
+    The job's row is locked and read afresh first, so two coordinator replicas can't both settle it.
+    """
+    session.refresh(job, with_for_update=True)
     if job.state not in OPEN_JOB_STATES:
         return
     job.state, job.reason, job.finished_at = state, reason, now

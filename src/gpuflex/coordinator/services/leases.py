@@ -118,27 +118,39 @@ def _end(lease: Lease, state: str, at: float) -> None:
 
 
 def _return_task(session: Session, lease: Lease, now: float, why: str, *, failed: bool = False) -> None:
-    task = session.get(Task, lease.task_id)
-    if task.state == "leased" and task.epoch == lease.epoch:
-        task.state, task.node_id, task.placement = "pending", None, ""
-        task.failures += int(failed)
+    """Hand the task back to the market, unless a newer lease holds it (compare-and-set on the epoch)."""
+    session.execute(
+        update(Task)
+        .where(Task.id == lease.task_id, Task.state == "leased", Task.epoch == lease.epoch)
+        .values(state="pending", node_id=None, placement="", failures=Task.failures + int(failed))
+        .execution_options(synchronize_session=False)
+    )
+    task = session.get(Task, lease.task_id, populate_existing=True)
     _event(session, lease.job_id, now, f"{task.role} {task.index} on {lease.node_id} {why}; re-leasing")
+
+
+def _live(session: Session, *where) -> list[Lease]:
+    """Active leases matching ``where``, locked; a lease another replica is ending right now is skipped."""
+    query = select(Lease).where(Lease.state == "active", *where).order_by(Lease.id)
+    return list(session.scalars(query.with_for_update(skip_locked=True)))
 
 
 def expire(session: Session, now: float) -> list[Lease]:
     """End leases past their expiry; metered up to their last renewal. Their tasks go back."""
-    expired = list(session.scalars(select(Lease).where(Lease.state == "active", Lease.expires_at < now)))
+    expired = _live(session, Lease.expires_at < now)
     for lease in expired:
         _end(lease, "expired", lease.renewed_at)
         _return_task(session, lease, now, f"missed its lease (epoch {lease.epoch})")
     return expired
 
 
-def expire_for_node(session: Session, node_id: str, now: float) -> None:
-    """A node that registers again has restarted and holds nothing: its old leases end now."""
-    for lease in session.scalars(select(Lease).where(Lease.node_id == node_id, Lease.state == "active")):
+def expire_for_node(session: Session, node_id: str, now: float, why: str) -> list[Lease]:
+    """End a node's leases now (it was lost, or registered again after a restart): its tasks go back."""
+    ended = _live(session, Lease.node_id == node_id)
+    for lease in ended:
         _end(lease, "expired", lease.renewed_at)
-        _return_task(session, lease, now, "restarted (registered again)")
+        _return_task(session, lease, now, why)
+    return ended
 
 
 def end_for_job(session: Session, job: Job, now: float, task_state: str) -> None:
@@ -154,7 +166,7 @@ def end_for_job(session: Session, job: Job, now: float, task_state: str) -> None
 
 def report(session: Session, node: Node, lease_id: str, msg: LeaseReport, now: float) -> None:
     """A node says how its lease ended. Stale epochs and other nodes' leases change nothing."""
-    lease = session.get(Lease, lease_id)
+    lease = session.get(Lease, lease_id, with_for_update=True)
     if lease is None:
         raise NotFound(f"no lease {lease_id}")
     if lease.node_id != node.id:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuflex.coordinator.db import AccountBalance, JournalEntry
+from gpuflex.coordinator.db import AccountBalance, JournalEntry, lock
 from gpuflex.ledger.journal import Entry, check_funds, make_entry
 
 _JOURNAL_LOCK_KEY = 0x6770_7566  # "gpuf": one advisory lock serializes journal appends on PostgreSQL
@@ -29,11 +29,6 @@ def _to_entry(row: JournalEntry) -> Entry:
         prev_hash=row.prev_hash,
         hash=row.hash,
     )
-
-
-def _lock_journal(session: Session) -> None:
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _JOURNAL_LOCK_KEY})
 
 
 def _balance_row(session: Session, account: str) -> AccountBalance:
@@ -53,7 +48,7 @@ def append(
     session: Session, *, kind: str, memo: str, postings: Sequence[tuple[str, int]], now: float
 ) -> Entry:
     """Append one balanced entry and apply it to the balances, or raise and write nothing."""
-    _lock_journal(session)
+    lock(session, _JOURNAL_LOCK_KEY)
     head = session.scalars(select(JournalEntry).order_by(JournalEntry.seq.desc()).limit(1)).first()
     at = datetime.fromtimestamp(now, UTC).isoformat(timespec="microseconds")
     entry = make_entry(

@@ -1,21 +1,24 @@
 """Placement: which online node runs each pending task of a job, and why.
 
 The ranking itself is the pure ``gpuflex.market.matching`` (shared with the simulator); this
-module turns database rows into offers and records each choice with its reason. A node runs one
-task at a time: a node holding a live lease, or chosen for a pending task, is busy.
+module turns database rows into offers and records each choice with its reason (on the task and in
+the job's log), and likewise why a worker waits when the job's own core rules (``min_core_workers``,
+``core_fallback``) hold it back. A node runs one task at a time: a node holding a live lease, or
+chosen for a pending task, is busy.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task
+from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, try_lock
 from gpuflex.market.matching import Choice, NodeOffer, Requirements, place_aggregator, place_workers
 from gpuflex.protocol.money import to_credits
 from gpuflex.protocol.spec import JobSpec
 
 OPEN_JOB_STATES = ("pending", "scheduled", "running")
+_PLACEMENT_LOCK_KEY = 0x6770_6C63  # "gplc"
 
 
 def offer_of(node: Node) -> NodeOffer:
@@ -50,7 +53,13 @@ def unplace_from_gone_nodes(session: Session) -> None:
 
 
 def place_pending(session: Session, now: float) -> int:
-    """Place every unplaced pending task on a free, qualifying node; returns how many were placed."""
+    """Place every unplaced pending task on a free, qualifying node; returns how many were placed.
+
+    Placement reads the whole market, so one coordinator replica places at a time; another that
+    finds the lock taken skips its turn (the holder is placing the same tasks).
+    """
+    if not try_lock(session, _PLACEMENT_LOCK_KEY):
+        return 0
     unplace_from_gone_nodes(session)
     unplaced = list(
         session.scalars(
@@ -89,10 +98,14 @@ def _place_job_tasks(
             choices.append((task, choice))
             busy.add(choice.node_id)
     workers = [t for t in tasks if t.role == "worker"]
+    waiting: list[Task] = []
+    wait_reason = None
     if workers:
-        picks = place_workers(req, offers, count=len(workers), exclude=busy)
-        choices.extend(zip(workers, picks, strict=False))
-        busy.update(c.node_id for c in picks)
+        core_already = _workers_on_core(session, job.id)
+        placement = place_workers(req, offers, count=len(workers), exclude=busy, core_already=core_already)
+        choices.extend(zip(workers, placement.choices, strict=False))
+        busy.update(c.node_id for c in placement.choices)
+        waiting, wait_reason = workers[len(placement.choices) :], placement.wait_reason
     for task, choice in choices:
         task.node_id, task.placement = choice.node_id, choice.reason
         session.add(
@@ -102,9 +115,37 @@ def _place_job_tasks(
                 message=f"{task.role} {task.index} placed on {choice.node_id}: {choice.reason}",
             )
         )
+    _note_waiting(session, job.id, waiting, wait_reason, now)
     if job.state == "pending" and choices and _all_placed(session, job):
         job.state = "scheduled"
     return len(choices)
+
+
+def _workers_on_core(session: Session, job_id: str) -> int:
+    """The job's workers placed on or leased by core nodes: they count toward its core quota."""
+    return session.scalar(
+        select(func.count(Task.id))
+        .join(Node, Node.id == Task.node_id)
+        .where(
+            Task.job_id == job_id,
+            Task.role == "worker",
+            Task.state.in_(("pending", "leased")),
+            Node.kind == "core",
+        )
+    )
+
+
+def _note_waiting(session: Session, job_id: str, waiting: list[Task], reason: str | None, now: float) -> None:
+    """Keep on each waiting worker's task why it waits (``gpuflex job show``) and tell the job's log
+    when that changes: placement runs on every reaper pass, and the log needs the news once."""
+    note = f"waits: {reason}" if reason else ""
+    changed = [t for t in waiting if t.placement != note]
+    for task in changed:
+        task.placement = note
+    if note and changed:
+        indexes = ", ".join(str(t.index) for t in waiting)
+        who = f"worker {indexes} waits" if len(waiting) == 1 else f"workers {indexes} wait"
+        session.add(JobEvent(job_id=job_id, at=now, message=f"{who}: {reason}"))
 
 
 def _all_placed(session: Session, job: Job) -> bool:

@@ -91,9 +91,8 @@ def leave(node: Node) -> None:
 def mark_lost(session: Session, settings: CoordinatorSettings, now: float) -> list[Node]:
     """Nodes silent for more than ``heartbeat_misses`` intervals are lost."""
     deadline = now - settings.node_lost_after_s
-    lost = list(
-        session.scalars(select(Node).where(Node.state == "online", Node.last_heartbeat_at < deadline))
-    )
+    silent = select(Node).where(Node.state == "online", Node.last_heartbeat_at < deadline)
+    lost = list(session.scalars(silent.with_for_update(skip_locked=True)))
     for node in lost:
         node.state = "lost"
     return lost

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Round, Task
+from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Node, Round, Task
 from gpuflex.coordinator.services import jobs
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.protocol import messages as m
@@ -25,7 +25,7 @@ def _require_role(session: Session, lease: Lease, role: str) -> Task:
     return task
 
 
-def _state(job: Job, row: Round | None) -> m.RoundState:
+def _state(job: Job, row: Round | None, now: float) -> m.RoundState:
     finished = job.state not in jobs.OPEN_JOB_STATES
     if row is None:
         return m.RoundState(round=-1, finished=finished)
@@ -37,25 +37,26 @@ def _state(job: Job, row: Round | None) -> m.RoundState:
         checkpoint_round=job.checkpoint_round,
         tokens=row.tokens,
         finished=finished,
+        age_s=max(0.0, now - row.published_at),
     )
 
 
-def latest(session: Session, lease: Lease) -> m.RoundState | None:
+def latest(session: Session, lease: Lease, now: float) -> m.RoundState | None:
     """The newest published round; None while round 0 is awaited (a finished job always answers)."""
     job = session.get(Job, lease.job_id)
     row = session.get(Round, (job.id, job.round)) if job.round >= 0 else None
     if row is None and job.state in jobs.OPEN_JOB_STATES:
         return None
-    return _state(job, row)
+    return _state(job, row, now)
 
 
-def get(session: Session, lease: Lease, round_: int) -> m.RoundState:
+def get(session: Session, lease: Lease, round_: int, now: float) -> m.RoundState:
     """A published round, for a replica catching up update by update."""
     job = session.get(Job, lease.job_id)
     row = session.get(Round, (job.id, round_))
     if row is None:
         raise NotFound(f"round {round_} of job {job.id} is not published")
-    return _state(job, row)
+    return _state(job, row, now)
 
 
 def contribute(
@@ -99,17 +100,36 @@ def contribute(
     return True
 
 
-def contributions(session: Session, lease: Lease, round_: int) -> m.ContributionList:
+def contributions(session: Session, lease: Lease, round_: int, *, heard_since: float) -> m.ContributionList:
+    """A round's contributions, and its quorum: what is in, plus what live workers still owe.
+
+    Owed are contributions of workers that held their lease when the round was published. A worker
+    whose node has not been heard from since ``heard_since`` (it missed a heartbeat) is not waited for:
+    a dead node stalls a round for a heartbeat or two, not until it is declared lost. Nor is one that
+    joined during the round (a replacement still starting up): it may make it in time, and otherwise
+    contributes from the next round.
+    """
     _require_role(session, lease, "aggregator")
-    rows = session.scalars(
-        select(Contribution)
-        .where(Contribution.job_id == lease.job_id, Contribution.round == round_)
-        .order_by(Contribution.id)
+    opened = session.get(Round, (lease.job_id, round_))
+    rows = list(
+        session.scalars(
+            select(Contribution)
+            .where(Contribution.job_id == lease.job_id, Contribution.round == round_)
+            .order_by(Contribution.id)
+        )
     )
-    live = session.scalar(
+    owing = session.scalar(
         select(func.count(Lease.id))
         .join(Task, Task.id == Lease.task_id)
-        .where(Lease.job_id == lease.job_id, Lease.state == "active", Task.role == "worker")
+        .join(Node, Node.id == Lease.node_id)
+        .where(
+            Lease.job_id == lease.job_id,
+            Lease.state == "active",
+            Task.role == "worker",
+            Node.last_heartbeat_at >= heard_since,
+            Lease.granted_at <= (opened.published_at if opened else float("inf")),
+            Task.id.not_in([c.task_id for c in rows]),
+        )
     )
     return m.ContributionList(
         round=round_,
@@ -124,7 +144,7 @@ def contributions(session: Session, lease: Lease, round_: int) -> m.Contribution
             )
             for c in rows
         ],
-        live_workers=live or 0,
+        live_workers=len(rows) + (owing or 0),
     )
 
 

@@ -1,0 +1,80 @@
+"""Hybrid placement through the real API: a job's core quota, forbidden fallback, and the default."""
+
+from gpuflex.auth.signing import node_id_for
+from gpuflex.coordinator.app import reap_once
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.spec import JobSpec
+
+WAITS = "worker 1 waits: no eligible community node is free and the job forbids core fallback"
+
+
+def _network(coordinator, community=1, **resources):
+    """Two free core nodes (the cheaper one takes the aggregator), cheap community nodes, one job."""
+    alice = coordinator.consumer("alice", deposit=10)
+    nodes = {
+        "core-agg": coordinator.node("core-agg", core=True, price=0.3),
+        "core-spare": coordinator.node("core-spare", core=True, price=0.4),
+        **{f"c{i}": coordinator.node(f"c{i}", price=0.1 + i / 100) for i in range(community)},
+    }
+    spec = JobSpec.model_validate(
+        {"name": "t", "resources": {"workers": 2, **resources}, "budget": 1.0, "max_price_per_hour": 0.5}
+    )
+    job = alice.submit(spec, alice.upload(b"corpus " * 2000))
+    return alice, nodes, job
+
+
+def _placed(alice, job, nodes):
+    """Each task as (role, index) -> (name of the node it is placed on, the market's reason)."""
+    names = {node_id_for(n.key.public_key_hex): name for name, n in nodes.items()}
+    return {(t.role, t.index): (names.get(t.node_id), t.placement) for t in alice.job(job.id).tasks}
+
+
+def test_a_core_quota_puts_a_worker_on_a_core_node_while_community_nodes_are_free(coordinator):
+    alice, nodes, job = _network(coordinator, community=2, min_core_workers=1)
+    assert nodes["core-agg"].lease().role == "aggregator"
+    placed = _placed(alice, job, nodes)
+    assert placed[("worker", 0)] == (
+        "core-spare",
+        "core node: the job asks for at least 1 core worker; rank 1 of 1 eligible core node by cost "
+        "per useful TFLOP (0.400 credits/h ÷ 1 TFLOPS = 0.4)",
+    )
+    assert placed[("worker", 1)][0] == "c0"
+    assert nodes["core-spare"].lease().role == "worker"
+    assert nodes["c1"].lease() is None  # free, but the job's workers are all placed
+
+
+def test_a_replacement_worker_goes_to_community_when_the_quota_is_already_met(coordinator):
+    alice, nodes, job = _network(coordinator, community=2, min_core_workers=1)
+    grants = {name: nodes[name].lease() for name in ("core-agg", "core-spare", "c0")}
+    gone = grants["c0"]
+    nodes["c0"].report(gone.lease_id, m.LeaseReport(epoch=gone.epoch, outcome="released"))
+    reap_once(coordinator.ctx)
+    name, reason = _placed(alice, job, nodes)[("worker", gone.task.worker_index)]
+    assert name == "c0" and reason.startswith("rank 1 of 2 eligible community nodes")
+    assert not any("waits" in e.message for e in alice.logs(job.id))
+
+
+def test_forbidden_fallback_waits_for_a_community_node_and_says_why_once(coordinator):
+    alice, nodes, job = _network(coordinator, core_fallback=False)
+    nodes["core-agg"].lease()
+    assert nodes["core-spare"].lease() is None  # free and eligible, but the job forbids core fallback
+    placed = _placed(alice, job, nodes)
+    assert placed[("worker", 0)][0] == "c0"
+    assert placed[("worker", 1)] == (None, WAITS.removeprefix("worker 1 "))  # `gpuflex job show` says why
+    for _ in range(3):
+        reap_once(coordinator.ctx)  # the reaper places every pass: the reason is told once, not each time
+    assert [e.message for e in alice.logs(job.id)].count(WAITS) == 1
+    nodes["c1"] = coordinator.node("c1", price=0.2)
+    grant = nodes["c1"].lease()
+    assert (grant.role, grant.task.worker_index) == ("worker", 1)
+    assert _placed(alice, job, nodes)[("worker", 1)][0] == "c1"
+
+
+def test_by_default_a_worker_falls_back_to_a_core_node(coordinator):
+    alice, nodes, job = _network(coordinator)
+    nodes["core-agg"].lease()
+    name, reason = _placed(alice, job, nodes)[("worker", 1)]
+    assert name == "core-spare"
+    assert reason.endswith("; core node because only 1 eligible community node")
+    assert nodes["core-spare"].lease().role == "worker"
+    assert not any("waits" in e.message for e in alice.logs(job.id))

@@ -28,10 +28,14 @@ Measured, from the coordinator's job events and database:
 - ``rejoin_rounds``: median rounds from a replacement's lease to its first accepted contribution
   (0: it contributed to the round open when it joined).
 - ``death_to_release_s``: median time from the kill to the task's new lease (detection included).
-- ``coordinator_kill_rounds``: the job's extra wall time from the coordinator kill, in rounds.
+- ``death_to_running_s``: median time from the kill to the replacement's task running: it has loaded
+  the data and the global model and begins to train (its ``joined at round`` event).
+- ``coordinator_kill_rounds``: what the coordinator kill cost the job, in rounds: the wall time it would
+  have taken at the undisturbed run's goodput to train the tokens the run missed, plus any extra wall
+  time. Rounds are time-budgeted, so an outage shows as fewer tokens more than as a longer job.
 
-It writes ``bench/results/goodput.json`` (every run and fault) and prints one JSON object as its last
-line.
+It writes ``bench/results/goodput[-quick][-seedN].json`` (every run and fault) and prints one JSON
+object as its last line.
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ class Fault:
     detected_at: float | None = None
     released_at: float | None = None
     replacement: str | None = None
+    running_at: float | None = None
     rejoin_rounds: int | None = None
 
 
@@ -223,6 +228,10 @@ def _trace(fault: Fault, job: JobDetail, events: list[JobEvent]) -> None:
     if grant is None:
         return
     fault.released_at, fault.replacement = grant[0], grant[1].group(1)
+    joined = f"[{fault.replacement}] joined at round "
+    fault.running_at = next(
+        (at for at, msg in log if at >= fault.released_at and msg.startswith(joined)), None
+    )
     published = [(r.published_at.timestamp(), r.round) for r in job.rounds_log]
     open_round = max(r for at, r in published if at <= fault.released_at)
     contributed = re.compile(rf"^\[{fault.replacement}\] round (\d+): .* accepted$")
@@ -264,7 +273,10 @@ def summarize(clean: Run, faulty: Run, coordinator: Run) -> dict:
         "detect_to_release_s": _round(_median([_gap(f.detected_at, f.released_at) for f in workers])),
         "rejoin_rounds": _median([f.rejoin_rounds for f in workers]),
         "death_to_release_s": _round(_median([_gap(f.at, f.released_at) for f in workers])),
-        "coordinator_kill_rounds": round((coordinator.wall_s - clean.wall_s) / round_s, 2),
+        "death_to_running_s": _round(_median([_gap(f.at, f.running_at) for f in workers])),
+        "coordinator_kill_rounds": round(
+            (coordinator.wall_s - coordinator.tokens / clean.goodput) / round_s, 2
+        ),
         "coordinator_lost_rounds": coordinator.lost_rounds,
         "heartbeat_interval_s": HEARTBEAT_S,
     }
@@ -306,7 +318,8 @@ def main(argv: list[str] | None = None) -> None:
         "runs": {k: asdict(v) for k, v in runs.items()},
         **summary,
     }
-    (RESULTS / ("goodput-quick.json" if args.quick else "goodput.json")).write_text(json.dumps(out, indent=2))
+    name = "goodput" + ("-quick" if args.quick else "") + (f"-seed{args.seed}" if args.seed else "")
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
     print(json.dumps(summary))
 
 

@@ -96,6 +96,7 @@ def test_an_agent_stopped_mid_job_hands_its_task_back_and_the_job_completes(tmp_
         handed_back = next(t for t in job.tasks if t.role == "worker" and t.epoch == 2)
         spare = handed_back.node_id
         assert names.get(spare) not in (None, leaving)
+        assert any(e.startswith(f"[{spare}] joined at round ") for e in events), events
         assert any(e.startswith(f"[{spare}] round") for e in events), "the spare never contributed"
         assert {o.name: o.state for o in client.offers()}[leaving] == "left"
         _check_money(client, job_id)

@@ -49,7 +49,8 @@ def test_a_job_trains_and_validation_loss_falls(corpus):
         assert w["tokens"] == 3 * spec.inner_steps * spec.batch_size * spec.model.block_size
     assert history[-1].tokens == sum(w["tokens"] for w in workers)
     worker_lines = [m for task, m in transport.logs() if task == "worker-0"]
-    assert len(worker_lines) == 3 and "accepted" in worker_lines[0]
+    assert worker_lines[0].startswith("joined at round 0, ")
+    assert len(worker_lines) == 4 and all(line.endswith("accepted") for line in worker_lines[1:])
 
 
 def test_after_joining_a_worker_receives_only_the_small_updates(corpus):
@@ -161,7 +162,8 @@ def test_a_stale_worker_drops_its_contribution_and_joins_the_next_round(corpus):
     assert summary.stale == [0] and summary.contributed == [1] and summary.finished
     assert len(transport.contributions(1).contributions) == 1
     assert transport.contributions(0).contributions == []
-    assert "stale" in transport.logs()[0][1]
+    assert transport.logs()[0][1].startswith("joined at round 0, ")
+    assert "stale" in transport.logs()[1][1]
 
 
 def test_a_stale_contribution_leaves_no_error_feedback_residual(corpus):

@@ -8,12 +8,10 @@ saved under ``test-artifacts/screenshots/`` for people to look at. Chromium is n
 
 from __future__ import annotations
 
-import random
 import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +20,7 @@ import pytest
 from gpuflex.client import Client
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.protocol.spec import JobSpec
+from gpuflex.testing import small_job, wait_for, write_corpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -53,43 +52,9 @@ def _playwright():
     return sync_playwright
 
 
-def _wait(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-
-
-def _corpus(directory: Path) -> None:
-    rng = random.Random(0)
-    words = ["alpha", "beta", "gamma", "delta", "train", "node", "round", "model", "lease", "epoch"]
-    directory.mkdir()
-    for i in range(3):
-        lines = [" ".join(rng.choice(words) for _ in range(8)) + "." for _ in range(300)]
-        (directory / f"part{i}.txt").write_text("\n".join(lines))
-
-
 def _spec(data_dir: Path) -> JobSpec:
     """Many short rounds: the job is still running when the test is done looking."""
-    return JobSpec.model_validate(
-        {
-            "name": "browser-gpt",
-            "resources": {"workers": 2},
-            "training": {
-                "rounds": 500,
-                "inner_steps": 8,
-                "batch_size": 8,
-                "lr": 0.01,
-                "round_timeout_s": 60,
-                "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32},
-            },
-            "data": {"source": str(data_dir), "extensions": [".txt"], "max_bytes": 60_000},
-            "budget": 1.0,
-            "max_price_per_hour": 0.5,
-        }
-    )
+    return small_job(data_dir, workers=2, rounds=500, inner_steps=8, batch_size=8)
 
 
 def _start(net: LocalNetwork, data_dir: Path) -> tuple[Client, str, str, str]:
@@ -104,10 +69,10 @@ def _start(net: LocalNetwork, data_dir: Path) -> tuple[Client, str, str, str]:
     bob_token = Client(url).create_account("bob").token
     alice = Client(url, alice_token)
     alice.deposit(5)
-    _wait(lambda: sum(o.state == "online" for o in alice.offers()) == 3, 90, "the agents to register")
+    wait_for(lambda: sum(o.state == "online" for o in alice.offers()) == 3, 90, "the agents to register")
     spec = _spec(data_dir)
     job_id = alice.submit(spec, **upload_inputs(alice, spec)).id
-    _wait(lambda: alice.job(job_id).round >= 3, 120, f"round 3 of {job_id}")
+    wait_for(lambda: alice.job(job_id).round >= 3, 120, f"round 3 of {job_id}")
     return alice, alice_token, bob_token, job_id
 
 
@@ -228,7 +193,7 @@ def test_every_page_in_a_real_browser_while_a_job_runs(tmp_path):
     sync_playwright = _playwright()
     shutil.rmtree(SCREENSHOTS, ignore_errors=True)
     SCREENSHOTS.mkdir(parents=True)
-    _corpus(tmp_path / "data")
+    write_corpus(tmp_path / "data")
     with LocalNetwork(tmp_path / "net", settings=SETTINGS) as net:
         alice, alice_token, bob_token, job_id = _start(net, tmp_path / "data")
         url = net.url

@@ -217,6 +217,7 @@ class _Loop:
         self.catch_up(state)
         self.began = time.monotonic()
         start, label, late_s = self.replica.global_params(), state.round, state.age_s
+        self.transport.log(f"joined at round {label}, {late_s:.1f}s after it was published")
         while (result := self.replica.train_round(start, label, self.should_stop, late_s=late_s)) is not None:
             late_s = 0.0
             self.summary.compute_s += result.compute_s

@@ -91,11 +91,13 @@ def write_corpus(directory: Path, *, files: int = 4, lines: int = 400) -> None:
         (directory / f"part{i}.txt").write_text(text)
 
 
-def small_job(data_dir: Path, *, workers: int, rounds: int, inner_steps: int = 15, **training) -> JobSpec:
+def small_job(
+    data_dir: Path, *, workers: int, rounds: int, inner_steps: int = 15, name: str = "small", **training
+) -> JobSpec:
     """A job on ``write_corpus`` text with a one-layer model: a round takes a second or two on a CPU."""
     return JobSpec.model_validate(
         {
-            "name": "small",
+            "name": name,
             "resources": {"workers": workers},
             "training": {
                 "rounds": rounds,

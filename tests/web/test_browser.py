@@ -54,7 +54,7 @@ def _playwright():
 
 def _spec(data_dir: Path) -> JobSpec:
     """Many short rounds: the job is still running when the test is done looking."""
-    return small_job(data_dir, workers=2, rounds=500, inner_steps=8, batch_size=8)
+    return small_job(data_dir, name="browser-gpt", workers=2, rounds=500, inner_steps=8, batch_size=8)
 
 
 def _start(net: LocalNetwork, data_dir: Path) -> tuple[Client, str, str, str]:

@@ -3,8 +3,10 @@
 import re
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
 from gpuflex.coordinator.app import reap_once
+from gpuflex.coordinator.db import Lease
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.ledger import accounts
 from gpuflex.ledger.export import from_export
@@ -240,6 +242,25 @@ def test_a_worker_that_joins_during_a_round_is_not_waited_for_until_the_next(coo
     update = agg.put_blob(b"u1")
     agg.publish_round(m.RoundPublish(round=1, state_hash=H0, update=update, checkpoint=None))
     assert agg.contributions(1).live_workers == 2  # from the next round on, both are owed
+
+
+def test_the_database_itself_refuses_a_second_live_lease_of_a_task(coordinator):
+    """Whatever a coordinator replica's code does, one task never has two active leases."""
+    _, _, community, _ = _network(coordinator, workers=1)
+    grant = community[0].lease()
+
+    def another(state: str) -> None:
+        with coordinator.ctx.tx() as s:
+            live = s.get(Lease, grant.lease_id)
+            s.add(Lease(**{**_columns(live), "id": f"l-{state}", "token_hash": state, "state": state}))
+
+    another("expired")  # ended leases of a task are many: its history
+    with pytest.raises(IntegrityError):
+        another("active")
+
+
+def _columns(row) -> dict:
+    return {c.key: getattr(row, c.key) for c in row.__table__.columns}
 
 
 def test_silent_nodes_are_marked_lost(coordinator):

@@ -1,24 +1,43 @@
 import pytest
 
 from gpuflex.errors import BadRequest
-from gpuflex.ledger.accounts import PLATFORM_FEES, WORLD, consumer, escrow, may_go_negative, provider
+from gpuflex.ledger.accounts import (
+    PLATFORM_FEES,
+    SLASHED,
+    WORLD,
+    consumer,
+    escrow,
+    held,
+    may_go_negative,
+    provider,
+    stake,
+)
 
 
 def test_names():
     assert consumer("acct-1") == "consumer:acct-1"
     assert provider("n-abc") == "provider:n-abc"
     assert escrow("job-7") == "escrow:job-7"
+    assert stake("n-abc") == "stake:n-abc"
+    assert held("j-1", "n-abc") == "held:j-1/n-abc"
     assert PLATFORM_FEES == "platform:fees"
+    assert SLASHED == "platform:slashed"
     assert WORLD == "world"
 
 
 def test_only_world_may_go_negative():
     assert may_go_negative(WORLD)
-    for account in (consumer("a"), provider("n"), escrow("j"), PLATFORM_FEES):
+    for account in (consumer("a"), provider("n"), escrow("j"), stake("n"), held("j", "n"), PLATFORM_FEES):
         assert not may_go_negative(account)
 
 
-@pytest.mark.parametrize("make", [consumer, provider, escrow])
+@pytest.mark.parametrize("make", [consumer, provider, escrow, stake])
 def test_empty_id_refused(make):
     with pytest.raises(BadRequest):
         make("")
+
+
+@pytest.mark.parametrize(("job", "node"), [("", "n"), ("j", ""), ("j/x", "n"), ("j", "n/x")])
+def test_a_held_account_names_one_job_and_one_node(job, node):
+    with pytest.raises(BadRequest):
+        held(job, node)

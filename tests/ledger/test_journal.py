@@ -202,12 +202,21 @@ def test_make_entry_links():
         ({"at": "2025-01-01T00:00:00+02:00"}, "UTC"),
         ({"kind": ""}, "kind"),
         ({"memo": None}, "memo"),
+        ({"kind": "governance"}, "moves no money"),
     ],
 )
 def test_make_entry_rejects(changes, message):
     args = {"at": AT, "kind": "deposit", "memo": "", "postings": [(WORLD, -5), (consumer("a"), 5)]} | changes
     with pytest.raises(BadRequest, match=message):
         make_entry(None, **args)
+
+
+def test_a_record_entry_moves_no_money_and_chains_like_any_other():
+    deposit = make_entry(None, at=AT, kind="deposit", memo="m", postings=[(WORLD, -5), (consumer("a"), 5)])
+    vote = make_entry(deposit, at=AT, kind="governance", memo="vote yes on proposal 1", postings=[])
+    assert vote.postings == () and vote.prev_hash == deposit.hash
+    assert verify_chain([deposit, vote]).ok
+    assert balances([deposit, vote]) == {WORLD: -5, consumer("a"): 5}
 
 
 def test_check_funds():

@@ -3,16 +3,28 @@
 Money is integer micro-credits (``gpuflex.protocol.money``); nothing here does I/O or reads a
 clock, so the coordinator (which stores entries) and the simulator call the very same functions.
 
-- ``accounts``    account names (``consumer:<id>``, ``escrow:<job>``, ``world`` ...) and who may go negative
+- ``accounts``    account names (``consumer:<id>``, ``escrow:<job>``, ``stake:<node>``, ``held:<job>/<node>``,
+                  ``world`` ...) and who may go negative
 - ``journal``     entries, their hash chain, validation, balances, verification
 - ``export``      the journal on the wire (``LedgerExport``) and verifying an export offline
 - ``metering``    lease seconds x price -> micro-credits, rounded down
 - ``settlement``  one entry's postings that empty a job's escrow into providers, fees and refund
 """
 
-from gpuflex.ledger.accounts import PLATFORM_FEES, WORLD, consumer, escrow, may_go_negative, provider
+from gpuflex.ledger.accounts import (
+    PLATFORM_FEES,
+    SLASHED,
+    WORLD,
+    consumer,
+    escrow,
+    held,
+    may_go_negative,
+    provider,
+    stake,
+)
 from gpuflex.ledger.journal import (
     GENESIS_HASH,
+    RECORD_KINDS,
     ChainReport,
     Entry,
     balances,
@@ -27,6 +39,8 @@ from gpuflex.ledger.settlement import settle_job
 __all__ = [
     "GENESIS_HASH",
     "PLATFORM_FEES",
+    "RECORD_KINDS",
+    "SLASHED",
     "WORLD",
     "ChainReport",
     "Entry",
@@ -35,10 +49,12 @@ __all__ = [
     "consumer",
     "entry_hash",
     "escrow",
+    "held",
     "lease_cost_micro",
     "make_entry",
     "may_go_negative",
     "provider",
     "settle_job",
+    "stake",
     "verify_chain",
 ]

@@ -11,6 +11,7 @@ from gpuflex.errors import BadRequest
 
 WORLD = "world"
 PLATFORM_FEES = "platform:fees"
+SLASHED = "platform:slashed"  # stake taken from nodes found cheating, by verdict
 
 
 def _named(kind: str, ident: str) -> str:
@@ -32,6 +33,19 @@ def provider(node_id: str) -> str:
 def escrow(job_id: str) -> str:
     """Money set aside for one job: filled at submission, emptied by its settlement."""
     return _named("escrow", job_id)
+
+
+def stake(node_id: str) -> str:
+    """A provider node's bonded stake: what a verdict against it can take (``SLASHED``)."""
+    return _named("stake", node_id)
+
+
+def held(job_id: str, node_id: str) -> str:
+    """A node's pay for one job, held until the job's audit window passes (then to ``provider``)."""
+    for kind, ident in (("job", job_id), ("node", node_id)):
+        if not isinstance(ident, str) or not ident or "/" in ident:
+            raise BadRequest(f"held account needs a {kind} id without '/', got {ident!r}")
+    return f"held:{job_id}/{node_id}"
 
 
 def may_go_negative(account: str) -> bool:

@@ -23,6 +23,8 @@ from gpuflex.ledger.accounts import may_go_negative
 from gpuflex.protocol.money import to_credits
 
 GENESIS_HASH = "0" * 64
+# Kinds that record a decision rather than move money (a governance proposal, a vote): no postings.
+RECORD_KINDS = frozenset({"governance"})
 
 Postings = tuple[tuple[str, int], ...]
 
@@ -69,6 +71,8 @@ def _content_problem(at: object, kind: object, postings: Postings) -> str | None
         return f"time {at!r} is not an ISO-8601 UTC timestamp"
     if not isinstance(kind, str) or not kind:
         return "kind must be a non-empty string"
+    if kind in RECORD_KINDS:
+        return f"a {kind} entry records a decision and moves no money" if postings else None
     if len(postings) < 2:
         return f"needs at least two postings, got {len(postings)}"
     for account, amount in postings:

@@ -37,9 +37,26 @@ class Harness:
             client.deposit(deposit)
         return client
 
-    def node(self, name: str, *, price: float = 0.1, core: bool = False, tflops: float = 1.0) -> NodeClient:
+    def node(
+        self,
+        name: str,
+        *,
+        price: float = 0.1,
+        core: bool = False,
+        tflops: float = 1.0,
+        region: str = "local",
+        gpu: m.GpuInfo | None = None,
+        available_hours: float | None = None,
+    ) -> NodeClient:
         key = NodeKey.generate()
         client = NodeClient(self.url, key)
+        hardware = m.HardwareProfile(
+            cpu_model="test cpu",
+            cpu_cores=2,
+            ram_gb=4,
+            device="cuda" if gpu else "cpu",
+            gpus=[gpu] if gpu else [],
+        )
         client.register(
             m.NodeRegister(
                 name=name,
@@ -47,8 +64,10 @@ class Harness:
                 kind="core" if core else "community",
                 core_token=CORE_TOKEN if core else None,
                 price_per_hour=price,
-                hardware=m.HardwareProfile(cpu_model="test cpu", cpu_cores=2, ram_gb=4),
+                hardware=hardware,
                 benchmark=m.BenchmarkResult(tflops_fp32=tflops, mem_bandwidth_gbps=10),
+                region=region,
+                available_hours=available_hours,
             )
         )
         return client

@@ -1,5 +1,7 @@
 """Hybrid placement through the real API: a job's core quota, forbidden fallback, and the default."""
 
+import re
+
 from gpuflex.auth.signing import node_id_for
 from gpuflex.coordinator.app import reap_once
 from gpuflex.protocol import messages as m
@@ -33,11 +35,14 @@ def test_a_core_quota_puts_a_worker_on_a_core_node_while_community_nodes_are_fre
     alice, nodes, job = _network(coordinator, community=2, min_core_workers=1)
     assert nodes["core-agg"].lease().role == "aggregator"
     placed = _placed(alice, job, nodes)
-    assert placed[("worker", 0)] == (
-        "core-spare",
-        "core node: the job asks for at least 1 core worker; rank 1 of 1 eligible core node by cost "
-        "per useful TFLOP (0.400 credits/h ÷ 1 TFLOPS = 0.4)",
-    )
+    name, reason = placed[("worker", 0)]
+    assert name == "core-spare"
+    # useful TFLOPS: 1 TFLOPS x a new node's reliability (about 2/3, falling a hair with each missed beat)
+    assert re.fullmatch(
+        r"core node: the job asks for at least 1 core worker; rank 1 of 1 eligible core node by cost "
+        r"per useful TFLOP \(0\.400 credits/h ÷ 0\.6\d* TFLOPS = 0\.[56]\d*\)",
+        reason,
+    ), reason
     assert placed[("worker", 1)][0] == "c0"
     assert nodes["core-spare"].lease().role == "worker"
     assert nodes["c1"].lease() is None  # free, but the job's workers are all placed

@@ -329,3 +329,15 @@ def test_placement_properties(r, offers, count, exclude, core_already):
         assert len(chosen) == min(count, len(eligible)), "workers left waiting without a reason"
     else:
         assert len(chosen) < count
+
+
+def test_a_node_whose_offered_hours_ran_out_gets_no_new_task():
+    spent = NodeOffer("spent", "box", "core", 0.01, 9.0, 80, ("NVIDIA A100",), "eu", 1.0, hours_left=0.0)
+    fresh = NodeOffer("fresh", "box", "core", 0.20, 1.0, 80, ("NVIDIA A100",), "eu", 1.0, hours_left=0.5)
+    assert unmet(spent, req()) == ["availability ran out (the provider offered it for a limited time)"]
+    assert unmet(fresh, req()) == []
+    assert [c.node_id for c in place_workers(req(), [spent, fresh], count=2, exclude=set()).choices] == [
+        "fresh"
+    ]
+    assert place_aggregator(req(), [spent, fresh], exclude=set()).node_id == "fresh"
+    assert place_aggregator(req(), [spent], exclude=set()) is None

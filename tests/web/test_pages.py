@@ -34,6 +34,17 @@ def test_the_overview_and_providers_are_public_and_show_no_ones_earnings(web, ru
     assert providers.count(">private<") == 4
 
 
+def test_providers_show_the_reliability_the_market_ranks_by(web, running_job):
+    web.clock.advance(60)  # a minute without heartbeats: uptime, hence reliability, has fallen
+    offered = {o.node_id: o.reliability for o in running_job.alice.offers()}
+    providers = web.browser().get("/dashboard/providers").text
+    shown = re.findall(r'<tr data-node="([^"]+)">(?:.*?<td class="num">){4}(\d+)%</td>', providers, re.S)
+    assert {node_id for node_id, _ in shown} == set(offered)
+    for node_id, percent in shown:  # read a moment apart: the score may have moved a hair
+        assert abs(int(percent) - 100 * offered[node_id]) <= 1
+        assert offered[node_id] < 0.675  # below a brand-new node's: it missed a minute of heartbeats
+
+
 def test_pages_send_security_headers(web):
     response = web.browser().get("/dashboard")
     assert "script-src 'self'" in response.headers["content-security-policy"]

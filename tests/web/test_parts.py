@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save as save_safetensors
 
 from gpuflex.coordinator.web import tokens
-from gpuflex.coordinator.web.stats import Traffic, ddp_bytes, median, reliability, safetensors_params
+from gpuflex.coordinator.web.stats import Traffic, ddp_bytes, median, safetensors_params
 from gpuflex.errors import Unauthorized
 from gpuflex.jsonlog import JsonFormatter, TextFormatter
 
@@ -19,12 +19,6 @@ def test_the_price_index_is_the_median_asking_price():
     assert median([0.4, 0.1, 0.2]) == 0.2
     assert median([0.1, 0.2, 0.3, 0.4]) == pytest.approx(0.25)
     assert median([]) is None
-
-
-def test_reliability_counts_orderly_lease_ends_against_lost_ones():
-    assert reliability({"completed": 3, "released": 1, "expired": 1, "active": 7}) == 0.8
-    assert reliability({"active": 1}) is None
-    assert reliability({"failed": 2}) == 0.0
 
 
 def test_parameters_are_counted_from_the_safetensors_header():

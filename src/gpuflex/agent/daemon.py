@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +36,7 @@ class AgentConfig:
     kind: m.NodeKind = "community"
     core_token: str | None = None
     region: str = "local"
+    available_hours: float | None = None  # on offer for this long from the agent's start; None: open-ended
     task_threads: int = 0  # 0: torch's default (every core); the local network uses 1 per task
     emulate_step_s: float = 0.0  # > 0: pad each inner step to this long (one machine posing as many)
     lease_poll_s: float = 1.0
@@ -58,6 +60,8 @@ class Agent:
         self.heartbeat_interval_s = 2.0
         self.task: RunningTask | None = None  # owned by the main loop; the heartbeat thread only reads it
         self.revoked: set[str] = set()  # leases the coordinator told us to stop, filled by heartbeats
+        hours = config.available_hours
+        self.available_until = None if hours is None else time.time() + hours * 3600
 
     def register(self) -> m.NodeRegistered:
         """Probe, benchmark and register; retried until the coordinator answers or we are stopped."""
@@ -78,6 +82,9 @@ class Agent:
         )
         while True:
             try:
+                # counted from the agent's start: time spent retrying is not added to the offer
+                left = None if self.available_until is None else max(0.0, self.available_until - time.time())
+                msg.available_hours = None if left is None else left / 3600
                 registered = self.client.register(msg)
                 break
             except GPUFlexError as err:

@@ -70,10 +70,36 @@ def list_jobs(url: Url = None, token: Token = None) -> None:
     console.print(table)
 
 
-def offers(url: Url = None, token: Token = None) -> None:
-    """List the nodes on offer, cheapest first."""
-    table = Table("node", "name", "kind", "device", "TFLOPS", "VRAM GB", "price/h", "region", "state")
-    for o in consumer_client(url, token).offers():
+def offers(
+    query: Annotated[
+        str,
+        typer.Argument(
+            help='e.g. "vram>=16 tflops>=20 price<=0.5 reliability>=0.9 region in [eu, us] hours>=24"; '
+            "fields: vram tflops price reliability hours region kind gpu device state name; "
+            "empty: every node"
+        ),
+    ] = "",
+    order: Annotated[
+        str, typer.Option(help="sort keys, '-' for descending, e.g. price,-reliability [default: cheapest]")
+    ] = "",
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """List the nodes on offer that the query matches, online and cheapest first unless --order says."""
+    table = Table(
+        "node",
+        "name",
+        "kind",
+        "device",
+        "TFLOPS",
+        "VRAM GB",
+        "price/h",
+        "reliability",
+        "hours",
+        "region",
+        "state",
+    )
+    for o in consumer_client(url, token).offers(query, order):
         table.add_row(
             o.node_id,
             o.name,
@@ -82,6 +108,8 @@ def offers(url: Url = None, token: Token = None) -> None:
             f"{o.tflops:.3f}",
             f"{o.vram_gb:.0f}",
             f"{o.price_per_hour:.3f}",
+            "-" if o.reliability is None else f"{o.reliability:.0%}",
+            "open" if o.hours is None else f"{o.hours:.1f}",
             o.region,
             o.state,
         )

@@ -6,6 +6,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpuflex.cli import account, coordinator, demo, jobs, ledger, provider, train
 from gpuflex.errors import GPUFlexError
@@ -33,5 +34,8 @@ def main() -> None:
     try:
         app()
     except GPUFlexError as err:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {err.message}", highlight=False)
+        # escaped: a message may quote input holding brackets, e.g. a query's "region in [eu, us]"
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]error:[/] {escape(err.message)}", highlight=False
+        )
         sys.exit(1)

@@ -36,6 +36,14 @@ def start(
         str | None, typer.Option(envvar="GPUFLEX_CORE_TOKEN", help="operator's core token")
     ] = None,
     region: Annotated[str, typer.Option(help="region label")] = "local",
+    available_hours: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            max=87_600,
+            help="stay on offer this many hours, then take no new task [default: open-ended]",
+        ),
+    ] = None,
     threads: Annotated[int, typer.Option(help="CPU threads a task may use; 0: all")] = 0,
     memory_mb: Annotated[int, typer.Option(help="address-space limit of a task (MB)")] = 8192,
     emulate_step_s: Annotated[
@@ -62,6 +70,7 @@ def start(
         kind="core" if core else "community",
         core_token=core_token,
         region=region,
+        available_hours=available_hours,
         task_threads=threads,
         emulate_step_s=emulate_step_s,
         limits=Limits(memory_mb=memory_mb),

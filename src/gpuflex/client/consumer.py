@@ -57,8 +57,12 @@ class Client:
     def checkpoint(self, job_id: str) -> bytes:
         return self.http.request("GET", f"/v1/jobs/{job_id}/checkpoint").content
 
-    def offers(self) -> list[m.Offer]:
-        return [m.Offer.model_validate(o) for o in self.http.request("GET", "/v1/offers").json()]
+    def offers(self, query: str = "", order: str = "") -> list[m.Offer]:
+        """The nodes on offer that ``query`` matches (``gpuflex.market.query``: e.g. ``"vram>=16
+        price<=0.5"``; empty: all), sorted by ``order`` (e.g. ``"price,-reliability"``)."""
+        params = {k: v for k, v in (("q", query), ("order", order)) if v}
+        response = self.http.request("GET", "/v1/offers", params=params)
+        return [m.Offer.model_validate(o) for o in response.json()]
 
     def ledger(self) -> m.LedgerExport:
         return m.LedgerExport.model_validate(self.http.request("GET", "/v1/ledger/export").json())

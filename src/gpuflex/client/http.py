@@ -74,4 +74,6 @@ def _checked(response: httpx.Response) -> httpx.Response:
         detail = response.json().get("detail", response.text)
     except ValueError:
         detail = response.text or response.reason_phrase
-    raise from_status(response.status_code, f"{detail} (HTTP {response.status_code})")
+    # A detail of several lines (a query error's caret line under the query) keeps them intact.
+    first, newline, rest = str(detail).partition("\n")
+    raise from_status(response.status_code, f"{first} (HTTP {response.status_code}){newline}{rest}")

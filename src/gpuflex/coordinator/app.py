@@ -67,7 +67,7 @@ def reap_once(
     duties = (
         *(liveness if judge_liveness else ()),
         lambda s, now: job_service.enforce_limits(s, now, fee_bps=ctx.settings.platform_fee_bps),
-        lambda s, now: market_service.place_pending(s, now),
+        lambda s, now: market_service.place_pending(s, now, ctx.settings.heartbeat_interval_s),
         lambda s, now: registry.prune_nonces(s, ctx.settings, now),
     )
     for duty in duties:

@@ -59,6 +59,13 @@ class Node(Base):
     registered_at: Mapped[float] = mapped_column(Float)
     last_heartbeat_at: Mapped[float] = mapped_column(Float)
     heartbeats: Mapped[int] = mapped_column(Integer, default=0)
+    # Reputation's uptime: heartbeats are expected while a node is registered and has not left. The
+    # current such period began at online_since (None after leaving); presence_s sums the earlier ones.
+    online_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    presence_s: Mapped[float] = mapped_column(Float, default=0.0)
+    available_until: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: open-ended
+    audits_passed: Mapped[int] = mapped_column(Integer, default=0)
+    audits_failed: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class Nonce(Base):

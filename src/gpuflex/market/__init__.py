@@ -1,11 +1,17 @@
-"""The market's pure core: which nodes qualify for a job and which get its workers and aggregator.
+"""The market's pure core: which nodes qualify for a job and which get its workers and aggregator,
+how reliable each node has proven, and the query language consumers pick offers with.
 
 No I/O: offers come in as frozen values, choices go out with a human-readable reason, so the
 coordinator and the simulator run the same code.
 
 - ``matching``  offers, requirements, the reasons an offer does not qualify, worker ranking by
                 cost per useful TFLOP (a job's core quota, then community, then core as fallback
-                unless the job forbids it), aggregator placement
+                unless the job forbids it), aggregator placement; no task on a node whose
+                offered hours ran out
+- ``reputation`` one reliability score in [0, 1] per node: heartbeat uptime x lease completion x
+                audit record, each smoothed by a stated prior (a new node scores 0.675)
+- ``query``     the offer query language (``vram>=16 price<=0.5 region in [eu, us]``) and sort
+                orders (``price,-reliability``); bad input raises ``QueryError`` with a caret line
 """
 
 from gpuflex.market.matching import (

@@ -8,8 +8,9 @@ that many workers go to core nodes first) and may forbid the fallback (``core_fa
 its other workers then wait for community nodes). A worker on a core node, whatever the
 reason, is metered at that node's own price: that is "the core price". The aggregator runs
 only on a core node (it holds the global model, so it must be trusted); it needs little
-compute, so only the price cap and the region apply to it, and the cheapest wins. Every
-choice carries a reason a person can read.
+compute, so only the price cap and the region apply to it, and the cheapest wins. No task of
+any kind goes to a node whose offered time has run out. Every choice carries a reason a person
+can read.
 
 Pure functions over frozen values: the coordinator and the simulator call the same code.
 """
@@ -38,6 +39,7 @@ class NodeOffer:
     gpus: tuple[str, ...]  # empty: CPU only
     region: str
     reliability: float = 1.0  # 0..1, from reputation
+    hours_left: float | None = None  # on offer for this much longer; None: open-ended
 
 
 @dataclass(frozen=True)
@@ -123,9 +125,15 @@ def _region(offer: NodeOffer, req: Requirements) -> str | None:
     return None
 
 
+def _available(offer: NodeOffer, req: Requirements) -> str | None:
+    if offer.hours_left is not None and not offer.hours_left > 0:
+        return "availability ran out (the provider offered it for a limited time)"
+    return None
+
+
 Check = Callable[[NodeOffer, Requirements], str | None]
-_WORKER_CHECKS: tuple[Check, ...] = (_price, _vram, _tflops, _accelerator, _region)
-_AGGREGATOR_CHECKS: tuple[Check, ...] = (_price, _region)
+_WORKER_CHECKS: tuple[Check, ...] = (_available, _price, _vram, _tflops, _accelerator, _region)
+_AGGREGATOR_CHECKS: tuple[Check, ...] = (_available, _price, _region)
 
 
 def unmet(offer: NodeOffer, req: Requirements) -> list[str]:
@@ -221,7 +229,7 @@ def _nodes(n: int, what: str) -> str:
 def place_aggregator(req: Requirements, offers: Iterable[NodeOffer], *, exclude: set[str]) -> Choice | None:
     """The cheapest eligible core node (ties: node_id), or None when no core node qualifies.
 
-    Only the price cap and the region apply: aggregation needs little compute.
+    Only availability, the price cap and the region apply: aggregation needs little compute.
     """
 
     def ok(o: NodeOffer) -> bool:

@@ -92,6 +92,9 @@ class NodeRegister(Message):
     benchmark: BenchmarkResult
     price_per_hour: Annotated[float, Field(ge=0, le=1000)]
     region: Annotated[str, Field(max_length=32)] = "local"
+    available_hours: Annotated[float, Field(ge=0, le=87_600)] | None = Field(
+        None, description="how many more hours the node stays on offer; None: open-ended"
+    )
 
 
 class NodeRegistered(Message):
@@ -155,6 +158,10 @@ class Offer(Message):
     price_per_hour: float
     region: str
     state: str
+    reliability: float | None = Field(
+        None, ge=0, le=1, description="reputation score: uptime x lease completion x audits (see market)"
+    )
+    hours: float | None = Field(None, ge=0, description="hours left on offer; None: open-ended")
 
 
 # -- jobs -----------------------------------------------------------------------------------

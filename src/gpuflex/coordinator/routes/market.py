@@ -1,33 +1,29 @@
-"""What the market offers: the online nodes with their price and measured speed."""
+"""What the market offers: every node with its price, measured speed, reliability and hours left,
+picked and sorted by the offer query language (``gpuflex.market.query``)."""
+
+from typing import Annotated
 
 from fastapi import APIRouter
+from fastapi import Query as Param
 
 from gpuflex.coordinator.auth import Consumer, Ctx
-from gpuflex.coordinator.services import market, registry
+from gpuflex.coordinator.services import market
+from gpuflex.market import query
 from gpuflex.protocol import messages as m
 
 router = APIRouter(tags=["market"])
 
+QueryText = Annotated[
+    str, Param(max_length=2000, description='e.g. "vram>=16 price<=0.5 region in [eu, us]"; empty: all')
+]
+OrderText = Annotated[
+    str, Param(max_length=200, description="e.g. price,-reliability; default: online first, cheapest")
+]
 
-@router.get("/offers")
-def offers(_account: Consumer, ctx: Ctx) -> list[m.Offer]:
+
+@router.get("/offers", responses={400: {"model": m.ErrorBody, "description": "a bad query or order"}})
+def offers(_account: Consumer, ctx: Ctx, q: QueryText = "", order: OrderText = "") -> list[m.Offer]:
+    wanted, keys = query.parse(q), query.parse_order(order)
     with ctx.tx() as s:
-        nodes = registry.all_nodes(s)
-    out = []
-    for node in nodes:
-        offer = market.offer_of(node)
-        out.append(
-            m.Offer(
-                node_id=node.id,
-                name=node.name,
-                kind=node.kind,
-                device=node.hardware.get("device", "cpu"),
-                gpu=offer.gpus[0] if offer.gpus else None,
-                vram_gb=node.vram_gb,
-                tflops=node.tflops,
-                price_per_hour=offer.price_per_hour,
-                region=node.region,
-                state=node.state,
-            )
-        )
-    return sorted(out, key=lambda o: (o.state != "online", o.price_per_hour, o.node_id))
+        listed = market.listing(s, ctx.now(), ctx.settings.heartbeat_interval_s)
+    return query.select(listed, wanted, keys)

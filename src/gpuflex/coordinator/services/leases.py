@@ -35,7 +35,7 @@ def grant(session: Session, node: Node, settings: CoordinatorSettings, now: floa
     """Lease the next task placed on this node, if any."""
     if session.scalars(select(Lease.id).where(Lease.node_id == node.id, Lease.state == "active")).first():
         return None
-    market.place_pending(session, now)
+    market.place_pending(session, now, settings.heartbeat_interval_s)
     task = session.scalars(
         select(Task).where(Task.node_id == node.id, Task.state == "pending").order_by(Task.role)
     ).first()

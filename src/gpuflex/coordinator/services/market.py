@@ -1,19 +1,27 @@
-"""Placement: which online node runs each pending task of a job, and why.
+"""The market: offers, and which online node runs each pending task of a job, and why.
 
 The ranking itself is the pure ``gpuflex.market.matching`` (shared with the simulator); this
-module turns database rows into offers and records each choice with its reason (on the task and in
-the job's log), and likewise why a worker waits when the job's own core rules (``min_core_workers``,
-``core_fallback``) hold it back. A node runs one task at a time: a node holding a live lease, or
-chosen for a pending task, is busy.
+module turns database rows into offers, each with its node's reputation (``gpuflex.market.reputation``,
+counted here in two aggregate queries for all nodes at once) and the hours it has left on offer, and
+records each choice with its reason (on the task and in the job's log), and likewise why a worker
+waits when the job's own core rules (``min_core_workers``, ``core_fallback``) hold it back. A node runs
+one task at a time: a node holding a live lease, or chosen for a pending task, is busy. A node whose
+availability ran out gets no new task, and a task placed on it but not yet leased goes back.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, try_lock
+from gpuflex.coordinator.services import registry
+from gpuflex.market import reputation
 from gpuflex.market.matching import Choice, NodeOffer, Requirements, place_aggregator, place_workers
+from gpuflex.protocol.messages import Offer
 from gpuflex.protocol.money import to_credits
 from gpuflex.protocol.spec import JobSpec
 
@@ -21,7 +29,37 @@ OPEN_JOB_STATES = ("pending", "scheduled", "running")
 _PLACEMENT_LOCK_KEY = 0x6770_6C63  # "gplc"
 
 
-def offer_of(node: Node) -> NodeOffer:
+def lease_ends(session: Session, node_ids: Sequence[str] | None = None) -> dict[str, Counter]:
+    """How many leases of each node are in each state (``active`` included), in one query."""
+    query = select(Lease.node_id, Lease.state, func.count()).group_by(Lease.node_id, Lease.state)
+    if node_ids is not None:
+        query = query.where(Lease.node_id.in_(node_ids))
+    ends: dict[str, Counter] = defaultdict(Counter)
+    for node_id, state, count in session.execute(query):
+        ends[node_id][state] += count
+    return ends
+
+
+def reliabilities(
+    nodes: Sequence[Node], ends: dict[str, Counter], now: float, heartbeat_interval_s: float
+) -> dict[str, float]:
+    """Each node's reputation score, by node id; ``ends`` is ``lease_ends`` of (at least) these nodes."""
+    return {
+        n.id: reputation.score(
+            reputation.Record.of(
+                heartbeats=n.heartbeats,
+                present_s=registry.presence_s(n, now),
+                heartbeat_interval_s=heartbeat_interval_s,
+                lease_ends=ends.get(n.id, {}),
+                audits_passed=n.audits_passed,
+                audits_failed=n.audits_failed,
+            )
+        )
+        for n in nodes
+    }
+
+
+def offer_of(node: Node, now: float, reliability: float) -> NodeOffer:
     gpus = tuple(g["name"] for g in node.hardware.get("gpus", []))
     return NodeOffer(
         node_id=node.id,
@@ -32,7 +70,35 @@ def offer_of(node: Node) -> NodeOffer:
         vram_gb=node.vram_gb,
         gpus=gpus,
         region=node.region,
+        reliability=reliability,
+        hours_left=registry.hours_left(node, now),
     )
+
+
+def listing(session: Session, now: float, heartbeat_interval_s: float) -> list[Offer]:
+    """Every node as the market lists it (the query language picks and sorts: ``market.query``)."""
+    nodes = registry.all_nodes(session)
+    scores = reliabilities(nodes, lease_ends(session), now, heartbeat_interval_s)
+    out = []
+    for node in nodes:
+        offer = offer_of(node, now, scores[node.id])
+        out.append(
+            Offer(
+                node_id=node.id,
+                name=node.name,
+                kind=node.kind,
+                device=node.hardware.get("device", "cpu"),
+                gpu=offer.gpus[0] if offer.gpus else None,
+                vram_gb=node.vram_gb,
+                tflops=node.tflops,
+                price_per_hour=offer.price_per_hour,
+                region=node.region,
+                state=node.state,
+                reliability=offer.reliability,
+                hours=offer.hours_left,
+            )
+        )
+    return out
 
 
 def busy_nodes(session: Session) -> set[str]:
@@ -41,9 +107,12 @@ def busy_nodes(session: Session) -> set[str]:
     return {n for n in (*leased, *placed) if n}
 
 
-def unplace_from_gone_nodes(session: Session) -> None:
-    """A task placed on a node that went away before leasing it goes back to the market."""
-    gone = select(Node.id).where(Node.state != "online")
+def unplace_from_gone_nodes(session: Session, now: float) -> None:
+    """A task placed on a node that went away, or whose availability ran out, before leasing it goes
+    back to the market."""
+    gone = select(Node.id).where(
+        or_(Node.state != "online", Node.available_until <= now)  # NULL (open-ended) is never <= now
+    )
     session.execute(
         update(Task)
         .where(Task.state == "pending", Task.node_id.in_(gone))
@@ -52,7 +121,7 @@ def unplace_from_gone_nodes(session: Session) -> None:
     )
 
 
-def place_pending(session: Session, now: float) -> int:
+def place_pending(session: Session, now: float, heartbeat_interval_s: float) -> int:
     """Place every unplaced pending task on a free, qualifying node; returns how many were placed.
 
     Placement reads the whole market, so one coordinator replica places at a time; another that
@@ -60,7 +129,7 @@ def place_pending(session: Session, now: float) -> int:
     """
     if not try_lock(session, _PLACEMENT_LOCK_KEY):
         return 0
-    unplace_from_gone_nodes(session)
+    unplace_from_gone_nodes(session, now)
     unplaced = list(
         session.scalars(
             select(Task)
@@ -71,7 +140,10 @@ def place_pending(session: Session, now: float) -> int:
     )
     if not unplaced:
         return 0
-    offers = [offer_of(n) for n in session.scalars(select(Node).where(Node.state == "online"))]
+    online = registry.online(session)
+    ends = lease_ends(session, [n.id for n in online])
+    scores = reliabilities(online, ends, now, heartbeat_interval_s)
+    offers = [offer_of(n, now, scores[n.id]) for n in online]
     busy = busy_nodes(session)
     placed = 0
     for job_id in dict.fromkeys(t.job_id for t in unplaced):

@@ -61,7 +61,7 @@ def register(session: Session, msg: NodeRegister, settings: CoordinatorSettings,
         raise Forbidden("registering a core node needs the operator's core token")
     node_id = node_id_for(msg.public_key)
     node = session.get(Node, node_id) or Node(
-        id=node_id, public_key=msg.public_key, registered_at=now, heartbeats=0
+        id=node_id, public_key=msg.public_key, registered_at=now, heartbeats=0, presence_s=0.0
     )
     node.name = msg.name
     node.kind = msg.kind
@@ -71,6 +71,9 @@ def register(session: Session, msg: NodeRegister, settings: CoordinatorSettings,
     node.vram_gb = max((g.vram_gb for g in msg.hardware.gpus), default=0.0)
     node.price_micro = to_micro(msg.price_per_hour)
     node.region = msg.region
+    node.available_until = None if msg.available_hours is None else now + msg.available_hours * 3600
+    if node.online_since is None:  # new, or back after leaving; a restart without leaving stays present
+        node.online_since = now
     node.state = "online"
     node.last_heartbeat_at = now
     session.add(node)
@@ -84,8 +87,25 @@ def beat(node: Node, now: float) -> None:
     node.state = "online"
 
 
-def leave(node: Node) -> None:
+def leave(node: Node, now: float | None = None) -> None:
+    """The node says goodbye: heartbeats are no longer expected of it, from ``now`` or, not given,
+    from its last heartbeat (it left before the next one was due)."""
+    if node.online_since is not None:
+        until = node.last_heartbeat_at if now is None else now
+        node.presence_s += max(0.0, until - node.online_since)
+        node.online_since = None
     node.state = "left"
+
+
+def presence_s(node: Node, now: float) -> float:
+    """Seconds the node has been registered and not left: what its heartbeats are expected over."""
+    current = now - node.online_since if node.online_since is not None else 0.0
+    return node.presence_s + max(0.0, current)
+
+
+def hours_left(node: Node, now: float) -> float | None:
+    """How long the node stays on offer, in hours (0 once its availability ran out); None: open-ended."""
+    return None if node.available_until is None else max(0.0, node.available_until - now) / 3600
 
 
 def mark_lost(session: Session, settings: CoordinatorSettings, now: float) -> list[Node]:

@@ -1,20 +1,23 @@
 """The network as the overview and providers pages show it: nodes, prices, reliability, totals.
 
+Reliability is the market's reputation score (``services.market.reliabilities``), the same number
+that ranks offers and that ``gpuflex offers`` shows.
+
 Read-only queries; earnings of a node are computed only for that node (``own``), never for the list.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpuflex.coordinator.db import Job, Lease, Round
-from gpuflex.coordinator.services import ledger, registry
+from gpuflex.coordinator.db import Job, Round
+from gpuflex.coordinator.services import ledger, market, registry
 from gpuflex.coordinator.web.blobinfo import BlobInfo
-from gpuflex.coordinator.web.stats import median, reliability
+from gpuflex.coordinator.web.stats import median
 from gpuflex.coordinator.web.traffic import network_bytes
 from gpuflex.ledger import accounts
 from gpuflex.protocol.money import to_credits
@@ -44,7 +47,7 @@ class ProviderRow:
     tflops: float
     bandwidth_gbps: float
     price_per_hour: float
-    reliability: float | None
+    reliability: float  # the reputation score, 0..1
     leases: int
     busy: bool
     last_seen: float
@@ -69,21 +72,15 @@ def overview(session: Session, blobs: BlobInfo) -> Overview:
     )
 
 
-def _lease_ends(session: Session) -> dict[str, Counter]:
-    ends: dict[str, Counter] = defaultdict(Counter)
-    rows = session.execute(
-        select(Lease.node_id, Lease.state, func.count()).group_by(Lease.node_id, Lease.state)
-    )
-    for node_id, state, count in rows:
-        ends[node_id][state] += count
-    return ends
-
-
-def providers(session: Session, own: str | None = None) -> list[ProviderRow]:
+def providers(
+    session: Session, now: float, heartbeat_interval_s: float, own: str | None = None
+) -> list[ProviderRow]:
     """Every node, online first; ``own`` (the signed-in provider's node id) also sees its earnings."""
-    ends = _lease_ends(session)
+    nodes = registry.all_nodes(session)
+    ends = market.lease_ends(session)
+    scores = market.reliabilities(nodes, ends, now, heartbeat_interval_s)
     rows = []
-    for node in registry.all_nodes(session):
+    for node in nodes:
         gpus = [g["name"] for g in node.hardware.get("gpus", [])]
         mine = node.id == own
         rows.append(
@@ -96,7 +93,7 @@ def providers(session: Session, own: str | None = None) -> list[ProviderRow]:
                 tflops=node.tflops,
                 bandwidth_gbps=float(node.benchmark.get("mem_bandwidth_gbps", 0.0)),
                 price_per_hour=to_credits(node.price_micro),
-                reliability=reliability(ends[node.id]),
+                reliability=scores[node.id],
                 leases=sum(ends[node.id].values()),
                 busy=ends[node.id]["active"] > 0,
                 last_seen=node.last_heartbeat_at,

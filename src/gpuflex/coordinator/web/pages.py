@@ -44,7 +44,8 @@ def overview(request: Request, viewer: Looker, ctx: Ctx) -> HTMLResponse:
 @router.get("/providers")
 def providers(request: Request, viewer: Looker, ctx: Ctx) -> HTMLResponse:
     with ctx.tx() as s:
-        rows = network.providers(s, own=viewer.node.id if viewer.node else None)
+        own = viewer.node.id if viewer.node else None
+        rows = network.providers(s, ctx.now(), ctx.settings.heartbeat_interval_s, own=own)
     return page(request, "providers.html", viewer=viewer, providers=rows, live=True)
 
 

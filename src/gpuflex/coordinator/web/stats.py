@@ -1,4 +1,6 @@
-"""Pure arithmetic of the dashboard: price index, reliability, parameter counts and the DDP comparison.
+"""Pure arithmetic of the dashboard: price index, parameter counts and the DDP comparison.
+
+Reliability is the market's reputation score (``gpuflex.market.reputation``), not computed here.
 
 No I/O here, so each is tested directly.
 """
@@ -8,26 +10,17 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # DDP's ring all-reduce sends about 2 x the gradient per worker per optimizer step; fp32 is 4 bytes.
 DDP_BYTES_PER_PARAM_STEP = 2 * 4
-GOOD_LEASE_ENDS = ("completed", "released")  # ran until the job ended, or handed back in an orderly way
-BAD_LEASE_ENDS = ("expired", "failed")
 
 
 def median(values: Iterable[float]) -> float | None:
     """The median, or None for no values (the price index of an empty market)."""
     values = list(values)
     return statistics.median(values) if values else None
-
-
-def reliability(lease_ends: Mapping[str, int]) -> float | None:
-    """The share of a node's ended leases that ended well; None before any lease has ended."""
-    good = sum(lease_ends.get(s, 0) for s in GOOD_LEASE_ENDS)
-    ended = good + sum(lease_ends.get(s, 0) for s in BAD_LEASE_ENDS)
-    return good / ended if ended else None
 
 
 def safetensors_params(blob: bytes) -> int:

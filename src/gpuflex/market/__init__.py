@@ -6,6 +6,9 @@ coordinator and the simulator run the same code.
 - ``matching``  offers, requirements, the reasons an offer does not qualify, worker ranking by
                 cost per useful TFLOP (a job's core quota, then community, then core as fallback
                 unless the job forbids it), aggregator placement
+- ``pricing``   what nodes are paid: fixed asks, or a sealed-bid reverse auction for the workers
+                (k lowest asks win, all paid the (k+1)-th ask: truthful); quotes of a job's cost
+                and duration from the offers' benchmarks, with a range
 """
 
 from gpuflex.market.matching import (
@@ -18,14 +21,21 @@ from gpuflex.market.matching import (
     place_workers,
     unmet,
 )
+from gpuflex.market.pricing import Ask, Clearing, Quote, QuoteNode, clear_auction, quote
 
 __all__ = [
+    "Ask",
     "Choice",
+    "Clearing",
     "NodeOffer",
+    "Quote",
+    "QuoteNode",
     "Requirements",
     "WorkerPlacement",
+    "clear_auction",
     "cost_per_useful_tflop",
     "place_aggregator",
     "place_workers",
+    "quote",
     "unmet",
 ]

@@ -1,10 +1,11 @@
-"""What the market offers: the online nodes with their price and measured speed."""
+"""What the market offers: the online nodes with their price and measured speed; quotes of a job on them."""
 
 from fastapi import APIRouter
 
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.services import market, registry
 from gpuflex.protocol import messages as m
+from gpuflex.protocol.spec import JobSpec
 
 router = APIRouter(tags=["market"])
 
@@ -31,3 +32,10 @@ def offers(_account: Consumer, ctx: Ctx) -> list[m.Offer]:
             )
         )
     return sorted(out, key=lambda o: (o.state != "online", o.price_per_hour, o.node_id))
+
+
+@router.post("/quote")
+def quote(spec: JobSpec, _account: Consumer, ctx: Ctx) -> m.Quote:
+    """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
+    with ctx.tx() as s:
+        return market.quote(s, spec)

@@ -4,17 +4,30 @@ The ranking itself is the pure ``gpuflex.market.matching`` (shared with the simu
 module turns database rows into offers and records each choice with its reason (on the task and in
 the job's log), and likewise why a worker waits when the job's own core rules (``min_core_workers``,
 ``core_fallback``) hold it back. A node runs one task at a time: a node holding a live lease, or
-chosen for a pending task, is busy.
+chosen for a pending task, is busy. An auction job's workers are placed by its auction
+(``gpuflex.market.pricing``), whose clearing price is kept on the job: later replacements must ask
+no more than it, and its workers' leases are metered at it.
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, try_lock
-from gpuflex.market.matching import Choice, NodeOffer, Requirements, place_aggregator, place_workers
-from gpuflex.protocol.money import to_credits
+from gpuflex.market import pricing
+from gpuflex.market.matching import (
+    Choice,
+    NodeOffer,
+    Requirements,
+    WorkerPlacement,
+    place_aggregator,
+    place_workers,
+)
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.protocol.spec import JobSpec
 
 OPEN_JOB_STATES = ("pending", "scheduled", "running")
@@ -39,6 +52,14 @@ def busy_nodes(session: Session) -> set[str]:
     leased = session.scalars(select(Lease.node_id).where(Lease.state == "active"))
     placed = session.scalars(select(Task.node_id).where(Task.state == "pending", Task.node_id.is_not(None)))
     return {n for n in (*leased, *placed) if n}
+
+
+def quote(session: Session, spec: JobSpec) -> m.Quote:
+    """What ``spec`` would cost and take on the free online nodes, placed as the market would now."""
+    busy = busy_nodes(session)
+    nodes = session.scalars(select(Node).where(Node.state == "online").order_by(Node.id))
+    offers = [offer_of(n) for n in nodes if n.id not in busy]
+    return m.Quote.model_validate(asdict(pricing.quote(spec, offers)))
 
 
 def unplace_from_gone_nodes(session: Session) -> None:
@@ -76,21 +97,21 @@ def place_pending(session: Session, now: float) -> int:
     placed = 0
     for job_id in dict.fromkeys(t.job_id for t in unplaced):
         job = session.get(Job, job_id)
-        req = Requirements.from_spec(JobSpec.model_validate(job.spec))
         tasks = [t for t in unplaced if t.job_id == job_id]
-        placed += _place_job_tasks(session, job, req, tasks, offers, busy, now)
+        placed += _place_job_tasks(session, job, JobSpec.model_validate(job.spec), tasks, offers, busy, now)
     return placed
 
 
 def _place_job_tasks(
     session: Session,
     job: Job,
-    req: Requirements,
+    spec: JobSpec,
     tasks: list[Task],
     offers: list[NodeOffer],
     busy: set[str],
     now: float,
 ) -> int:
+    req = Requirements.from_spec(spec)
     choices: list[tuple[Task, Choice]] = []
     for task in (t for t in tasks if t.role == "aggregator"):
         choice = place_aggregator(req, offers, exclude=busy)
@@ -101,8 +122,7 @@ def _place_job_tasks(
     waiting: list[Task] = []
     wait_reason = None
     if workers:
-        core_already = _workers_on_core(session, job.id)
-        placement = place_workers(req, offers, count=len(workers), exclude=busy, core_already=core_already)
+        placement = _place_workers(session, job, spec, req, len(workers), offers, busy)
         choices.extend(zip(workers, placement.choices, strict=False))
         busy.update(c.node_id for c in placement.choices)
         waiting, wait_reason = workers[len(placement.choices) :], placement.wait_reason
@@ -119,6 +139,31 @@ def _place_job_tasks(
     if job.state == "pending" and choices and _all_placed(session, job):
         job.state = "scheduled"
     return len(choices)
+
+
+def _place_workers(
+    session: Session,
+    job: Job,
+    spec: JobSpec,
+    req: Requirements,
+    count: int,
+    offers: list[NodeOffer],
+    busy: set[str],
+) -> WorkerPlacement:
+    """By rank at the nodes' own prices; an auction job by its auction the first time (which sets
+    its clearing price), then each replacement among the nodes asking at most that price."""
+    core_already = _workers_on_core(session, job.id)
+    if spec.pricing == "fixed":
+        return place_workers(req, offers, count=count, exclude=busy, core_already=core_already)
+    if job.clearing_price_micro is None:
+        placement, price = pricing.place_auction(req, offers, count=count, exclude=busy)
+        if price is not None:
+            job.clearing_price_micro = to_micro(price)
+        return placement
+    clearing = to_credits(job.clearing_price_micro)
+    return pricing.place_replacement(
+        req, offers, clearing, count=count, exclude=busy, core_already=core_already
+    )
 
 
 def _workers_on_core(session: Session, job_id: str) -> int:

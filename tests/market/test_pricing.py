@@ -221,7 +221,7 @@ def test_a_time_budgeted_round_ends_at_its_budget():
 
 def test_a_user_recipe_is_quoted_only_when_time_budgeted():
     user = {"recipe": "user", "recipe_file": "r.py", "rounds": 3}
-    with pytest.raises(BadRequest, match="set training.round_seconds"):
+    with pytest.raises(BadRequest, match=r"set training\.round_seconds"):
         quote(spec(training=user), _market())
     q = quote(spec(resources={"workers": 2}, training={**user, "round_seconds": 20}), _market())
     assert q.duration_s == pytest.approx(3 * (20 + pricing.ROUND_OVERHEAD_S))

@@ -29,6 +29,7 @@ def test_every_documented_command_exists():
         ("wallet", "deposit"),
         ("wallet", "balance"),
         ("submit",),
+        ("quote",),
         ("jobs",),
         ("job", "show"),
         ("job", "logs"),
@@ -57,10 +58,11 @@ def _gpuflex(*args, env=None):
     )
 
 
-def test_a_bad_spec_is_one_line_naming_the_field(tmp_path):
+@pytest.mark.parametrize("command", ["submit", "quote"])
+def test_a_bad_spec_is_one_line_naming_the_field(tmp_path, command):
     spec = tmp_path / "job.yaml"
     spec.write_text("name: x\ntraining: {rounds: 0}\n")
-    result = _gpuflex("submit", str(spec), "--token", "gfx_x", "--url", "http://127.0.0.1:9")
+    result = _gpuflex(command, str(spec), "--token", "gfx_x", "--url", "http://127.0.0.1:9")
     assert result.returncode == 1
     assert result.stderr.strip().startswith("error: invalid job spec: training.rounds")
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

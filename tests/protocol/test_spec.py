@@ -26,6 +26,17 @@ def test_a_job_can_ask_for_core_workers_and_forbid_core_fallback():
     assert (spec.resources.min_core_workers, spec.resources.core_fallback) == (3, False)
 
 
+def test_pricing_is_fixed_unless_the_job_asks_for_an_auction():
+    assert parse_job_spec({"name": "x"}).pricing == "fixed"
+    assert job_spec_from_yaml("name: x\npricing: auction").pricing == "auction"
+
+
+def test_an_auction_does_not_combine_with_a_core_quota():
+    with pytest.raises(SpecError) as err:
+        job_spec_from_yaml("name: x\npricing: auction\nresources: {workers: 2, min_core_workers: 1}")
+    assert "pricing 'auction' does not combine with resources.min_core_workers > 0" in err.value.message
+
+
 def test_the_core_quota_cannot_exceed_the_workers():
     with pytest.raises(SpecError) as err:
         job_spec_from_yaml("name: x\nresources: {workers: 2, min_core_workers: 3}")
@@ -47,6 +58,8 @@ def test_the_core_quota_cannot_exceed_the_workers():
         ("name: 'bad name!'", "name"),
         ("resources: {workers: 2}", "name: Field required"),
         ("name: x\nmax_price_per_hour: cheap", "max_price_per_hour"),
+        ("name: x\npricing: dutch", "pricing: Input should be 'fixed' or 'auction'"),
+        ("name: x\npricing: {mode: auction}", "pricing"),
     ],
 )
 def test_bad_fields_are_named(yaml_text, named):

@@ -1,4 +1,5 @@
-"""``gpuflex submit``, ``jobs``, ``job show | logs | cancel | fetch | watch | report`` and ``offers``."""
+"""Consumer commands: ``gpuflex submit``, ``quote``, ``jobs``, ``offers``, and the ``job`` group
+(``show | logs | cancel | fetch | watch | report``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from gpuflex.cli.profile import consumer_client
 from gpuflex.cli.watch import watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
-from gpuflex.protocol.messages import JobInfo
+from gpuflex.protocol.messages import JobInfo, Quote
 from gpuflex.protocol.spec import JobSpec, load_job_spec
 
 job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
@@ -52,6 +53,49 @@ def submit(
     console.print(f"submitted job [bold]{job.id}[/] ({job.name}); budget {job.budget:.2f} credits in escrow")
     if watch:
         _summary(watch_job(client, job.id, console))
+
+
+def quote(
+    spec_file: Annotated[Path, typer.Argument(help="job spec YAML", metavar="JOB.yaml")],
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
+    q = consumer_client(url, token).quote(load_job_spec(spec_file))
+    if not q.placeable:
+        console.print("[bold yellow]the job cannot be placed now:[/]", highlight=False)
+        for problem in q.problems:
+            console.print(f"  {problem}", highlight=False)
+        raise typer.Exit(1)
+    console.print(_quote_nodes(q))
+    span = f"{_duration(q.duration_low_s)}–{_duration(q.duration_high_s)}"
+    console.print(
+        f"duration ≈ {_duration(q.duration_s)} ({span})\n"
+        f"cost ≈ {q.cost:.6f} credits ({q.cost_low:.6f}–{q.cost_high:.6f}) of a {q.budget:.2f} budget",
+        highlight=False,
+    )
+    if q.clearing_price is not None:
+        console.print(f"auction: every worker paid the clearing price {q.clearing_price:.3f} credits/h")
+    if q.budget_lasts_s is not None:
+        console.print(f"[bold yellow]the budget runs out first, after ≈ {_duration(q.budget_lasts_s)}[/]")
+    for assumption in q.assumptions:
+        console.print(f"[dim]assumes {assumption}[/]", highlight=False)
+
+
+def _quote_nodes(q: Quote) -> Table:
+    columns = ("role", "node", "name", "kind", "TFLOPS", "ask/h", "paid/h", "s/step")
+    table = Table(*columns, title="assumed nodes")
+    for n in q.nodes:
+        step = "-" if n.seconds_per_step is None else f"{n.seconds_per_step:.4f}"
+        row = (n.role, n.node_id, n.name, n.kind, f"{n.tflops:.3f}", f"{n.ask:.3f}", f"{n.paid:.3f}", step)
+        table.add_row(*row)
+    return table
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def list_jobs(url: Url = None, token: Token = None) -> None:
@@ -121,6 +165,8 @@ def show(job_id: JobId, url: Url = None, token: Token = None) -> None:
     """A job's state, its tasks (and why each node was chosen), rounds and costs."""
     job = consumer_client(url, token).job(job_id)
     _summary(job)
+    clearing = "" if job.clearing_price is None else f"; clearing price {job.clearing_price:.3f} credits/h"
+    console.print(f"pricing: {job.spec.pricing}{clearing}", highlight=False)
     tasks = Table("task", "role", "state", "node", "epoch", "why this node", title="tasks")
     for t in job.tasks:
         tasks.add_row(t.id, f"{t.role} {t.index}", t.state, t.node_id or "-", str(t.epoch), t.placement)

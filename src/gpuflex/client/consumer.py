@@ -64,5 +64,10 @@ class Client:
         response = self.http.request("GET", "/v1/offers", params=params)
         return [m.Offer.model_validate(o) for o in response.json()]
 
+    def quote(self, spec: JobSpec) -> m.Quote:
+        """What a job would cost and take if submitted now; nothing is spent."""
+        body = spec.model_dump(mode="json")
+        return m.Quote.model_validate(self.http.request("POST", "/v1/quote", json=body).json())
+
     def ledger(self) -> m.LedgerExport:
         return m.LedgerExport.model_validate(self.http.request("GET", "/v1/ledger/export").json())

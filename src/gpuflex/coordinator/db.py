@@ -94,6 +94,8 @@ class Job(Base):
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     checkpoint: Mapped[str | None] = mapped_column(String(64), nullable=True)  # newest full state
     checkpoint_round: Mapped[int] = mapped_column(Integer, default=-1)
+    # An auction job's uniform worker price, set when its auction clears (market.pricing).
+    clearing_price_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Task(Base):

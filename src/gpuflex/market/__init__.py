@@ -12,6 +12,9 @@ coordinator and the simulator run the same code.
                 audit record, each smoothed by a stated prior (a new node scores 0.675)
 - ``query``     the offer query language (``vram>=16 price<=0.5 region in [eu, us]``) and sort
                 orders (``price,-reliability``); bad input raises ``QueryError`` with a caret line
+- ``pricing``   what nodes are paid: fixed asks, or a sealed-bid reverse auction for the workers
+                (k lowest asks win, all paid the (k+1)-th ask: truthful); quotes of a job's cost
+                and duration from the offers' benchmarks, with a range
 """
 
 from gpuflex.market.matching import (
@@ -24,14 +27,21 @@ from gpuflex.market.matching import (
     place_workers,
     unmet,
 )
+from gpuflex.market.pricing import Ask, Clearing, Quote, QuoteNode, clear_auction, quote
 
 __all__ = [
+    "Ask",
     "Choice",
+    "Clearing",
     "NodeOffer",
+    "Quote",
+    "QuoteNode",
     "Requirements",
     "WorkerPlacement",
+    "clear_auction",
     "cost_per_useful_tflop",
     "place_aggregator",
     "place_workers",
+    "quote",
     "unmet",
 ]

@@ -224,6 +224,40 @@ class JobDetail(JobInfo):
     tasks: list[TaskInfo]
     rounds_log: list[RoundInfo]
     costs: list[NodeCost]
+    clearing_price: float | None = Field(
+        None, description="credits per hour every worker is paid, once an auction job's auction cleared"
+    )
+
+
+class QuoteNode(Message):
+    node_id: str
+    name: str
+    kind: NodeKind
+    role: TaskRole
+    ask: float = Field(description="the node's own price, credits per hour")
+    paid: float = Field(description="what it would be paid per hour: its ask, or the clearing price")
+    tflops: float
+    seconds_per_step: float | None = Field(None, description="expected; None for the aggregator")
+
+
+class Quote(Message):
+    """What a job would cost (credits) and take (seconds) if submitted now, and on which nodes; or,
+    when it cannot be placed now, why (``problems``). Nothing is spent."""
+
+    pricing: Literal["fixed", "auction"]
+    placeable: bool
+    problems: list[str] = Field(default_factory=list)
+    nodes: list[QuoteNode] = Field(default_factory=list)
+    clearing_price: float | None = None
+    duration_s: float | None = None
+    duration_low_s: float | None = None
+    duration_high_s: float | None = None
+    cost: float | None = Field(None, description="expected, capped by the budget")
+    cost_low: float | None = None
+    cost_high: float | None = None
+    budget: float
+    budget_lasts_s: float | None = Field(None, description="set when the budget runs out before the job ends")
+    assumptions: list[str] = Field(default_factory=list)
 
 
 class JobEvent(Message):

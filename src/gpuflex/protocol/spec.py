@@ -9,6 +9,7 @@ Every model is strict (``extra="forbid"``) so a typo is an error that names the 
     data: {source: stdlib}
     max_price_per_hour: 0.50
     budget: 2.00
+    pricing: fixed          # or auction: a sealed-bid reverse auction for the workers (market/pricing.py)
 """
 
 from __future__ import annotations
@@ -158,6 +159,17 @@ class JobSpec(_Strict):
     data: DataSpec = Field(default_factory=DataSpec)
     max_price_per_hour: Annotated[float, Field(gt=0, le=1000)] = 1.0
     budget: Annotated[float, Field(gt=0, le=1_000_000)] = 5.0
+    pricing: Literal["fixed", "auction"] = Field(
+        "fixed",
+        description="fixed: each node is paid its own price; auction: the workers' k lowest asks win and "
+        "each is paid the (k+1)-th lowest ask (or max_price_per_hour)",
+    )
+
+    @model_validator(mode="after")
+    def _auction_without_core_quota(self) -> JobSpec:
+        if self.pricing == "auction" and self.resources.min_core_workers:
+            raise ValueError("pricing 'auction' does not combine with resources.min_core_workers > 0 yet")
+        return self
 
 
 def describe_validation_error(err: ValidationError) -> str:

@@ -1,5 +1,5 @@
 """What the market offers: every node with its price, measured speed, reliability and hours left,
-picked and sorted by the offer query language (``gpuflex.market.query``)."""
+picked and sorted by the offer query language (``gpuflex.market.query``); quotes of a job on them."""
 
 from typing import Annotated
 
@@ -10,6 +10,7 @@ from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.services import market
 from gpuflex.market import query
 from gpuflex.protocol import messages as m
+from gpuflex.protocol.spec import JobSpec
 
 router = APIRouter(tags=["market"])
 
@@ -27,3 +28,10 @@ def offers(_account: Consumer, ctx: Ctx, q: QueryText = "", order: OrderText = "
     with ctx.tx() as s:
         listed = market.listing(s, ctx.now(), ctx.settings.heartbeat_interval_s)
     return query.select(listed, wanted, keys)
+
+
+@router.post("/quote")
+def quote(spec: JobSpec, _account: Consumer, ctx: Ctx) -> m.Quote:
+    """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
+    with ctx.tx() as s:
+        return market.quote(s, spec, ctx.now(), ctx.settings.heartbeat_interval_s)

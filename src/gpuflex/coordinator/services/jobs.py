@@ -191,6 +191,7 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
             for r in rounds
         ],
         costs=_costs(session, job, now),
+        clearing_price=None if job.clearing_price_micro is None else to_credits(job.clearing_price_micro),
     )
 
 

@@ -27,6 +27,13 @@ def metered_cost(lease: Lease, now: float) -> int:
     return lease_cost_micro(max(0.0, until - lease.granted_at), lease.price_micro)
 
 
+def _price_micro(job: Job, task: Task, node: Node) -> int:
+    """What a lease is metered at: the node's own price, or its job's auction clearing price for a worker."""
+    if task.role == "worker" and job.clearing_price_micro is not None:
+        return job.clearing_price_micro
+    return node.price_micro
+
+
 def _event(session: Session, job_id: str, now: float, message: str) -> None:
     session.add(JobEvent(job_id=job_id, at=now, message=message))
 
@@ -62,7 +69,7 @@ def grant(session: Session, node: Node, settings: CoordinatorSettings, now: floa
         granted_at=now,
         renewed_at=now,
         expires_at=now + settings.lease_ttl_s,
-        price_micro=node.price_micro,
+        price_micro=_price_micro(job, task, node),
     )
     session.add(lease)
     if job.state in ("pending", "scheduled"):

@@ -6,23 +6,33 @@ counted here in two aggregate queries for all nodes at once) and the hours it ha
 records each choice with its reason (on the task and in the job's log), and likewise why a worker
 waits when the job's own core rules (``min_core_workers``, ``core_fallback``) hold it back. A node runs
 one task at a time: a node holding a live lease, or chosen for a pending task, is busy. A node whose
-availability ran out gets no new task, and a task placed on it but not yet leased goes back.
+availability ran out gets no new task, and a task placed on it but not yet leased goes back. An
+auction job's workers are placed by its auction (``gpuflex.market.pricing``), whose clearing price is
+kept on the job: later replacements must ask no more than it, and its workers' leases are metered at it.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, try_lock
 from gpuflex.coordinator.services import registry
-from gpuflex.market import reputation
-from gpuflex.market.matching import Choice, NodeOffer, Requirements, place_aggregator, place_workers
-from gpuflex.protocol.messages import Offer
-from gpuflex.protocol.money import to_credits
+from gpuflex.market import pricing, reputation
+from gpuflex.market.matching import (
+    Choice,
+    NodeOffer,
+    Requirements,
+    WorkerPlacement,
+    place_aggregator,
+    place_workers,
+)
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.protocol.spec import JobSpec
 
 OPEN_JOB_STATES = ("pending", "scheduled", "running")
@@ -75,7 +85,7 @@ def offer_of(node: Node, now: float, reliability: float) -> NodeOffer:
     )
 
 
-def listing(session: Session, now: float, heartbeat_interval_s: float) -> list[Offer]:
+def listing(session: Session, now: float, heartbeat_interval_s: float) -> list[m.Offer]:
     """Every node as the market lists it (the query language picks and sorts: ``market.query``)."""
     nodes = registry.all_nodes(session)
     scores = reliabilities(nodes, lease_ends(session), now, heartbeat_interval_s)
@@ -83,7 +93,7 @@ def listing(session: Session, now: float, heartbeat_interval_s: float) -> list[O
     for node in nodes:
         offer = offer_of(node, now, scores[node.id])
         out.append(
-            Offer(
+            m.Offer(
                 node_id=node.id,
                 name=node.name,
                 kind=node.kind,
@@ -105,6 +115,15 @@ def busy_nodes(session: Session) -> set[str]:
     leased = session.scalars(select(Lease.node_id).where(Lease.state == "active"))
     placed = session.scalars(select(Task.node_id).where(Task.state == "pending", Task.node_id.is_not(None)))
     return {n for n in (*leased, *placed) if n}
+
+
+def quote(session: Session, spec: JobSpec, now: float, heartbeat_interval_s: float) -> m.Quote:
+    """What ``spec`` would cost and take on the free online nodes, placed as the market would now."""
+    busy = busy_nodes(session)
+    free = [n for n in registry.online(session) if n.id not in busy]
+    scores = reliabilities(free, lease_ends(session, [n.id for n in free]), now, heartbeat_interval_s)
+    offers = [offer_of(n, now, scores[n.id]) for n in free]
+    return m.Quote.model_validate(asdict(pricing.quote(spec, offers)))
 
 
 def unplace_from_gone_nodes(session: Session, now: float) -> None:
@@ -148,21 +167,21 @@ def place_pending(session: Session, now: float, heartbeat_interval_s: float) -> 
     placed = 0
     for job_id in dict.fromkeys(t.job_id for t in unplaced):
         job = session.get(Job, job_id)
-        req = Requirements.from_spec(JobSpec.model_validate(job.spec))
         tasks = [t for t in unplaced if t.job_id == job_id]
-        placed += _place_job_tasks(session, job, req, tasks, offers, busy, now)
+        placed += _place_job_tasks(session, job, JobSpec.model_validate(job.spec), tasks, offers, busy, now)
     return placed
 
 
 def _place_job_tasks(
     session: Session,
     job: Job,
-    req: Requirements,
+    spec: JobSpec,
     tasks: list[Task],
     offers: list[NodeOffer],
     busy: set[str],
     now: float,
 ) -> int:
+    req = Requirements.from_spec(spec)
     choices: list[tuple[Task, Choice]] = []
     for task in (t for t in tasks if t.role == "aggregator"):
         choice = place_aggregator(req, offers, exclude=busy)
@@ -173,8 +192,7 @@ def _place_job_tasks(
     waiting: list[Task] = []
     wait_reason = None
     if workers:
-        core_already = _workers_on_core(session, job.id)
-        placement = place_workers(req, offers, count=len(workers), exclude=busy, core_already=core_already)
+        placement = _place_workers(session, job, spec, req, len(workers), offers, busy)
         choices.extend(zip(workers, placement.choices, strict=False))
         busy.update(c.node_id for c in placement.choices)
         waiting, wait_reason = workers[len(placement.choices) :], placement.wait_reason
@@ -191,6 +209,31 @@ def _place_job_tasks(
     if job.state == "pending" and choices and _all_placed(session, job):
         job.state = "scheduled"
     return len(choices)
+
+
+def _place_workers(
+    session: Session,
+    job: Job,
+    spec: JobSpec,
+    req: Requirements,
+    count: int,
+    offers: list[NodeOffer],
+    busy: set[str],
+) -> WorkerPlacement:
+    """By rank at the nodes' own prices; an auction job by its auction the first time (which sets
+    its clearing price), then each replacement among the nodes asking at most that price."""
+    core_already = _workers_on_core(session, job.id)
+    if spec.pricing == "fixed":
+        return place_workers(req, offers, count=count, exclude=busy, core_already=core_already)
+    if job.clearing_price_micro is None:
+        placement, price = pricing.place_auction(req, offers, count=count, exclude=busy)
+        if price is not None:
+            job.clearing_price_micro = to_micro(price)
+        return placement
+    clearing = to_credits(job.clearing_price_micro)
+    return pricing.place_replacement(
+        req, offers, clearing, count=count, exclude=busy, core_already=core_already
+    )
 
 
 def _workers_on_core(session: Session, job_id: str) -> int:

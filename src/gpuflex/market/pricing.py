@@ -1,0 +1,381 @@
+"""Pricing: what a job will pay its nodes (fixed asks or a sealed-bid reverse auction), and quotes.
+
+**Modes** (``pricing`` in the job spec). ``fixed``: every node is paid its own asking price.
+``auction``: a sealed-bid reverse auction for the job's k workers. The job posts its maximum
+(``max_price_per_hour``); each eligible provider's ask is its ``price_per_hour``; the k lowest asks
+win (ties: cost per useful TFLOP, then node id) and every winner is paid one uniform clearing price,
+the (k+1)-th lowest ask, or the job's maximum when only k asks are eligible.
+
+*Why asking your true cost is a dominant strategy* (Vickrey's argument, for sellers of one unit
+each, which a node is: it runs one task at a time). A seller's ask decides only *whether* it wins,
+never *what* it is paid: the price is set by the best losing ask. Asking above your cost can only
+turn a profitable win (price > cost) into a loss of the job; asking below it can only win you the
+job at a price below your cost. Either way, nothing is gained by lying.
+
+*What it does not guarantee.* Collusion: sellers who agree to raise their asks together raise the
+(k+1)-th ask, and so everyone's pay. Shill asks: a provider that also runs a high-asking node that
+it does not mean to win sets the clearing price for its winning nodes (identities are cheap keys, so
+the market cannot tell). Nor does it make a replacement truthful: a replacement worker placed after
+a loss is paid the job's clearing price, and only nodes asking no more than it qualify.
+
+The auction's pool follows the job's core rules as matching does: community nodes bid; core nodes
+bid too only when too few community nodes qualify and the job allows core fallback. A core quota
+(``min_core_workers``) does not combine with an auction (the spec refuses it). The aggregator is
+never auctioned: it is paid its own core price.
+
+**Quotes** (``quote``) estimate, before anything is spent, what a job will cost and how long it
+will take, from the current offers and their benchmarked TFLOPS, and name the nodes assumed.
+Duration is ``rounds x (compute + exchange)`` per round (see ``quote`` for the range's rule).
+
+Pure functions over frozen values, like ``matching``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from gpuflex.errors import BadRequest
+from gpuflex.market.matching import (
+    Choice,
+    NodeOffer,
+    Requirements,
+    WorkerPlacement,
+    cost_per_useful_tflop,
+    place_aggregator,
+    place_workers,
+    unmet,
+)
+from gpuflex.protocol.spec import JobSpec, TrainingSpec
+
+# -- the model's assumptions, each with where it comes from --------------------------------------
+# Achieved training FLOP/s ÷ the node's benchmarked TFLOPS. Measured on the project's 2-core dev
+# CPU (torch, one thread, as the local network's tasks run): char-gpt as in examples/char-gpt.yaml
+# (254,592 parameters, batch 32 x 64 bytes) took 0.0531 s per AdamW step, 18.8 steps/s, i.e.
+# 58.9 GFLOP/s counted as 6 x params x tokens; the agent's benchmark on the same machine gave
+# 0.0943 TFLOPS fp32 (torch's default threads, as an agent registers; 0.0823 with one thread).
+# 58.9 / 94.3 = 0.62. A GPU runs so small a model far below its peak, and a busy host slows a CPU:
+# hence the wide range below.
+EFFICIENCY = 0.6
+EFFICIENCY_LOW = 0.3  # the slow end of a quote's range
+EFFICIENCY_HIGH = 0.9  # the fast end
+# Per round, besides moving bytes: the worker's and the aggregator's polls (0.2 s each) and the
+# request round trips. Not measured: an assumption of the order of the poll intervals.
+ROUND_OVERHEAD_S = 0.5
+# Offers carry no network speed yet: pseudo-gradients are assumed to cross a 100 Mbit/s link.
+LINK_BYTES_PER_S = 12.5e6
+REPLACEMENTS = 1  # a quote's slow end assumes this many workers are lost and replaced mid-job
+VOCAB = 256  # byte-level recipes (gpuflex.train.data.VOCAB_SIZE; market may not import train)
+DIGITS_PIXELS, DIGITS_CLASSES = 64, 10  # mlp-digits' input and output widths
+_BYTES_PER_VALUE = {"none": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5, "int2": 0.25}
+
+
+# -- the auction ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ask:
+    node_id: str
+    price: float  # credits per hour: the node's asking price
+    cost_per_useful_tflop: float = 0.0  # tie-breaker between equal asks
+
+
+@dataclass(frozen=True)
+class Clearing:
+    """The k winning asks, lowest first, and the uniform price each is paid; or, when fewer than
+    k asks are eligible (at most the job's maximum), no winners, no price and why."""
+
+    winners: tuple[Ask, ...]
+    price: float | None
+    eligible: int  # asks at most the maximum
+    short: str | None = None
+
+
+def _ask_key(ask: Ask) -> tuple[float, float, str]:
+    return (ask.price, ask.cost_per_useful_tflop, ask.node_id)
+
+
+def clear_auction(asks: Iterable[Ask], k: int, max_price: float) -> Clearing:
+    """The k lowest asks win; each is paid the (k+1)-th lowest ask, or ``max_price`` if there is none."""
+    if k < 1:
+        raise BadRequest(f"an auction needs k >= 1 winners, got {k}")
+    eligible = sorted((a for a in asks if a.price <= max_price), key=_ask_key)  # NaN asks never qualify
+    if len(eligible) < k:
+        short = f"the auction needs {k} eligible asks at most {max_price:.3f}/h and has {len(eligible)}"
+        return Clearing((), None, len(eligible), short)
+    price = eligible[k].price if len(eligible) > k else max_price
+    return Clearing(tuple(eligible[:k]), price, len(eligible))
+
+
+def auction_pool(req: Requirements, offers: Iterable[NodeOffer], exclude: set[str]) -> list[NodeOffer]:
+    """The offers that bid for a job's workers: eligible community nodes, and eligible core nodes
+    too when community nodes alone cannot fill the job and it allows core fallback."""
+    best: dict[str, NodeOffer] = {}
+    for o in offers:
+        eligible = o.node_id not in exclude and not unmet(o, req)
+        if eligible and (o.node_id not in best or o.price_per_hour < best[o.node_id].price_per_hour):
+            best[o.node_id] = o
+    community = [o for o in best.values() if o.kind == "community"]
+    if len(community) < req.workers and req.core_fallback:
+        return list(best.values())
+    return community
+
+
+def place_auction(
+    req: Requirements, offers: Iterable[NodeOffer], *, count: int, exclude: set[str]
+) -> tuple[WorkerPlacement, float | None]:
+    """Auction ``count`` workers: the winners with their reasons and the clearing price; when the
+    auction cannot clear, no choices, no price and why the workers wait."""
+    pool = auction_pool(req, offers, exclude)
+    asks = [Ask(o.node_id, o.price_per_hour, cost_per_useful_tflop(o)) for o in pool]
+    clearing = clear_auction(asks, count, req.max_price_per_hour)
+    if clearing.price is None:
+        return WorkerPlacement((), clearing.short), None
+    choices = tuple(
+        Choice(
+            a.node_id,
+            f"won the auction at ask {a.price:.3f}, clearing price {clearing.price:.3f} credits/h "
+            f"({count} lowest of {clearing.eligible} eligible asks)",
+        )
+        for a in clearing.winners
+    )
+    return WorkerPlacement(choices), clearing.price
+
+
+def place_replacement(
+    req: Requirements,
+    offers: Iterable[NodeOffer],
+    clearing_price: float,
+    *,
+    count: int,
+    exclude: set[str],
+    core_already: int = 0,
+) -> WorkerPlacement:
+    """Workers of an auction job placed after it cleared (a lost node's replacement): the usual
+    ranking among nodes asking at most the clearing price, which is what they are paid."""
+    capped = replace(req, max_price_per_hour=min(req.max_price_per_hour, clearing_price))
+    placement = place_workers(capped, offers, count=count, exclude=exclude, core_already=core_already)
+    prefix = f"replacement paid the auction's clearing price {clearing_price:.3f} credits/h; "
+    return replace(placement, choices=tuple(replace(c, reason=prefix + c.reason) for c in placement.choices))
+
+
+# -- sizes of a job's model -----------------------------------------------------------------------
+
+
+def parameter_count(training: TrainingSpec) -> int | None:
+    """Parameters of the recipe's model, from the spec's shape; None for a user recipe (unknown).
+
+    char-gpt and hf-causal-lm gpt2 (tied head, biases, learned positions):
+        V·d + T·d + L·(12d² + 13d) + 2d
+    hf-causal-lm llama (untied head, no biases, RMSNorm, rotary positions, 4d MLP with a gate):
+        2·V·d + L·(16d² + 2d) + d
+    mlp-digits (64 pixels, L hidden layers of width d, 10 classes):
+        64·d + d + (L−1)·(d² + d) + 10·d + 10
+    with V = 256 bytes, d = n_embd, L = n_layer, T = block_size. char-gpt's default shape gives
+    254,592, as ``CharGPT.num_params`` counts.
+    """
+    m = training.model
+    d, n_layer = m.n_embd, m.n_layer
+    if training.recipe == "mlp-digits":
+        return DIGITS_PIXELS * d + d + (n_layer - 1) * (d * d + d) + DIGITS_CLASSES * d + DIGITS_CLASSES
+    if training.recipe == "hf-causal-lm" and m.architecture == "llama":
+        return 2 * VOCAB * d + n_layer * (16 * d * d + 2 * d) + d
+    if training.recipe in ("char-gpt", "hf-causal-lm"):
+        return VOCAB * d + m.block_size * d + n_layer * (12 * d * d + 13 * d) + 2 * d
+    return None
+
+
+def tokens_per_step(training: TrainingSpec) -> int:
+    """Samples a step trains on, times their length for the byte-level language models."""
+    if training.recipe in ("char-gpt", "hf-causal-lm"):
+        return training.batch_size * training.model.block_size
+    return training.batch_size
+
+
+def _bytes_per_value(training: TrainingSpec) -> float:
+    c = training.compression
+    if c.method != "topk":
+        return _BYTES_PER_VALUE[c.method]
+    index_bytes = math.log2(c.block_size) / 8  # bit-packed indices within a chunk
+    return c.density * (_BYTES_PER_VALUE[c.values] + index_bytes)
+
+
+# -- quotes ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuoteNode:
+    node_id: str
+    name: str
+    kind: str
+    role: str  # aggregator | worker
+    ask: float  # the node's own price, credits per hour
+    paid: float  # what it would be paid per hour: its ask, or the auction's clearing price
+    tflops: float
+    seconds_per_step: float | None  # at the expected efficiency; None for the aggregator
+
+
+@dataclass(frozen=True)
+class Quote:
+    """What a job would cost and take if submitted now (seconds, credits), or why it cannot be placed."""
+
+    pricing: str
+    placeable: bool
+    problems: tuple[str, ...] = ()
+    nodes: tuple[QuoteNode, ...] = ()
+    clearing_price: float | None = None
+    duration_s: float | None = None
+    duration_low_s: float | None = None
+    duration_high_s: float | None = None
+    cost: float | None = None
+    cost_low: float | None = None
+    cost_high: float | None = None
+    budget: float = 0.0
+    budget_lasts_s: float | None = None  # set when the budget runs out before the expected duration
+    assumptions: tuple[str, ...] = ()
+
+
+def quote(spec: JobSpec, offers: Sequence[NodeOffer]) -> Quote:
+    """Estimate a job's duration and cost on ``offers`` (the free online nodes), placing it as the
+    market would: the aggregator first, then the workers (by rank, or by auction).
+
+    Per round: compute, then the exchange. Compute is ``inner_steps`` steps on the slowest chosen
+    worker (rounds wait for the quorum), a step being 6 x parameters x tokens FLOPs at the node's
+    TFLOPS x ``EFFICIENCY`` (÷ ``local_devices``); a time-budgeted job (``round_seconds``) stops a
+    round at that budget, so compute is the smaller of the two. The exchange is one upload and one
+    download of the compressed update over ``LINK_BYTES_PER_S`` plus ``ROUND_OVERHEAD_S``; with
+    ``overlap`` it hides behind compute. Cost = Σ paid price x duration, aggregator included,
+    capped by the budget.
+
+    The range: low = every worker at ``EFFICIENCY_HIGH``; high = ``EFFICIENCY_LOW``, plus
+    ``REPLACEMENTS`` worker(s) lost and replaced by the slowest eligible node left over (in fixed
+    pricing, paid as the priciest one left over), each loss costing one extra round.
+    """
+    req = Requirements.from_spec(spec)
+    if parameter_count(spec.training) is None and spec.training.round_seconds is None:
+        raise BadRequest(
+            "a user recipe's model size is unknown, so its step time is too: "
+            "set training.round_seconds to quote a time-budgeted job"
+        )
+    aggregator = place_aggregator(req, offers, exclude=set())
+    taken = {aggregator.node_id} if aggregator else set()
+    if spec.pricing == "auction":
+        placement, clearing = place_auction(req, offers, count=req.workers, exclude=taken)
+    else:
+        placement, clearing = place_workers(req, offers, count=req.workers, exclude=taken), None
+    problems = _problems(req, offers, aggregator, placement)
+    if problems:
+        return Quote(spec.pricing, False, problems=problems, budget=spec.budget)
+    by_id = {o.node_id: o for o in offers}
+    workers = [by_id[c.node_id] for c in placement.choices]
+    return _estimate(
+        spec, by_id[aggregator.node_id], workers, _spares(req, offers, placement, taken, clearing), clearing
+    )
+
+
+def _spares(
+    req: Requirements,
+    offers: Sequence[NodeOffer],
+    placement: WorkerPlacement,
+    taken: set[str],
+    clearing: float | None,
+) -> list[NodeOffer]:
+    """Eligible nodes the job did not take: where a replacement could land (asking at most the
+    clearing price, in an auction)."""
+    chosen = taken | {c.node_id for c in placement.choices}
+    cap = req.max_price_per_hour if clearing is None else clearing
+    return [o for o in offers if o.node_id not in chosen and not unmet(o, req) and o.price_per_hour <= cap]
+
+
+def _estimate(
+    spec: JobSpec, agg: NodeOffer, workers: list[NodeOffer], spares: list[NodeOffer], clearing: float | None
+) -> Quote:
+    training = spec.training
+    params = parameter_count(training)
+    flops = None if params is None else 6 * params * tokens_per_step(training) / training.local_devices
+
+    def step_s(o: NodeOffer, efficiency: float) -> float | None:
+        return None if flops is None else flops / (max(o.tflops, 1e-9) * 1e12 * efficiency)
+
+    def duration(slowest: NodeOffer, efficiency: float, extra_rounds: int) -> float:
+        return (training.rounds + extra_rounds) * _round_s(training, step_s(slowest, efficiency), params)
+
+    def paid(o: NodeOffer) -> float:
+        return o.price_per_hour if clearing is None else clearing
+
+    rate = agg.price_per_hour + sum(paid(w) for w in workers)  # credits per hour
+    pricier = max((paid(o) for o in spares), default=0.0) - min(paid(w) for w in workers)
+    rate_high = rate + max(pricier, 0.0)
+    slowest = min(workers, key=lambda o: o.tflops)
+    expected = duration(slowest, EFFICIENCY, 0)
+    low = duration(slowest, EFFICIENCY_HIGH, 0)
+    high = duration(min([*workers, *spares], key=lambda o: o.tflops), EFFICIENCY_LOW, REPLACEMENTS)
+    budget_lasts = spec.budget / rate * 3600 if rate > 0 else math.inf
+    agg_node = QuoteNode(
+        agg.node_id,
+        agg.name,
+        agg.kind,
+        "aggregator",
+        agg.price_per_hour,
+        paid=agg.price_per_hour,
+        tflops=agg.tflops,
+        seconds_per_step=None,
+    )
+    worker_nodes = [
+        QuoteNode(
+            w.node_id, w.name, w.kind, "worker", w.price_per_hour, paid(w), w.tflops, step_s(w, EFFICIENCY)
+        )
+        for w in workers
+    ]
+    return Quote(
+        pricing=spec.pricing,
+        placeable=True,
+        nodes=(agg_node, *worker_nodes),
+        clearing_price=clearing,
+        duration_s=expected,
+        duration_low_s=low,
+        duration_high_s=high,
+        cost=min(spec.budget, rate * expected / 3600),
+        cost_low=min(spec.budget, rate * low / 3600),
+        cost_high=min(spec.budget, rate_high * high / 3600),
+        budget=spec.budget,
+        budget_lasts_s=budget_lasts if budget_lasts < expected else None,
+        assumptions=_assumptions(params, training),
+    )
+
+
+def _round_s(training: TrainingSpec, step_s: float | None, params: int | None) -> float:
+    """Seconds of one round: compute on the slowest worker, then (or, with overlap, during) the exchange."""
+    compute = training.round_seconds if step_s is None else training.inner_steps * step_s
+    if training.round_seconds is not None:
+        compute = min(compute, training.round_seconds)
+    moved = 0.0 if params is None else 2 * params * _bytes_per_value(training) / LINK_BYTES_PER_S
+    exchange = moved + ROUND_OVERHEAD_S
+    return max(compute, exchange) if training.overlap else compute + exchange
+
+
+def _problems(
+    req: Requirements, offers: Sequence[NodeOffer], aggregator: Choice | None, placement: WorkerPlacement
+) -> tuple[str, ...]:
+    """Why the job cannot be placed now: empty when it can."""
+    problems = []
+    if aggregator is None:
+        problems.append("no free core node qualifies for the aggregator (price cap and region)")
+    if len(placement.choices) < req.workers:
+        problems.append(
+            placement.wait_reason
+            or f"{len(placement.choices)} of {req.workers} workers can be placed on the free nodes"
+        )
+        problems += [f"{o.name} ({o.node_id}): {'; '.join(why)}" for o in offers if (why := unmet(o, req))]
+    return tuple(problems)
+
+
+def _assumptions(params: int | None, training: TrainingSpec) -> tuple[str, ...]:
+    size = "unknown (user recipe)" if params is None else f"{params:,} parameters"
+    return (
+        f"model: {size}, {tokens_per_step(training):,} tokens per step, 6 FLOPs per parameter per token",
+        f"efficiency {EFFICIENCY:g} of benchmarked TFLOPS (range {EFFICIENCY_LOW:g}–{EFFICIENCY_HIGH:g})",
+        f"exchange over {LINK_BYTES_PER_S * 8 / 1e6:g} Mbit/s plus {ROUND_OVERHEAD_S:g} s per round",
+        f"slow end: {REPLACEMENTS} worker replaced by the slowest eligible spare, one round lost",
+    )

@@ -13,6 +13,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, try_lock
+from gpuflex.coordinator.services import ledger
+from gpuflex.ledger import accounts
 from gpuflex.market.matching import Choice, NodeOffer, Requirements, place_aggregator, place_workers
 from gpuflex.protocol.money import to_credits
 from gpuflex.protocol.spec import JobSpec
@@ -52,8 +54,11 @@ def unplace_from_gone_nodes(session: Session) -> None:
     )
 
 
-def place_pending(session: Session, now: float) -> int:
+def place_pending(session: Session, now: float, *, min_stake: int = 0) -> int:
     """Place every unplaced pending task on a free, qualifying node; returns how many were placed.
+
+    A community node qualifies only with at least ``min_stake`` micro-credits staked; core nodes
+    are the operator's own and stake nothing.
 
     Placement reads the whole market, so one coordinator replica places at a time; another that
     finds the lock taken skips its turn (the holder is placing the same tasks).
@@ -72,6 +77,9 @@ def place_pending(session: Session, now: float) -> int:
     if not unplaced:
         return 0
     offers = [offer_of(n) for n in session.scalars(select(Node).where(Node.state == "online"))]
+    if min_stake > 0:
+        bonded = ledger.balances_under(session, accounts.STAKES)
+        offers = [o for o in offers if o.kind == "core" or bonded.get(o.node_id, 0) >= min_stake]
     busy = busy_nodes(session)
     placed = 0
     for job_id in dict.fromkeys(t.job_id for t in unplaced):

@@ -48,7 +48,7 @@ def _check_money(client: Client, job_id: str, deposit: float = 5.0) -> None:
     assert totals.get(accounts.escrow(job_id), 0) == 0
     job = client.job(job_id)
     assert client.balance().balance == pytest.approx(deposit - job.spent)
-    earned = sum(v for k, v in totals.items() if k.startswith("provider:")) + totals.get(
+    earned = sum(v for k, v in totals.items() if k.startswith(accounts.HELD)) + totals.get(
         accounts.PLATFORM_FEES, 0
     )
     assert earned == round(job.spent * 1e6)

@@ -4,10 +4,12 @@ from gpuflex.errors import BadRequest
 from gpuflex.ledger.accounts import (
     PLATFORM_FEES,
     SLASHED,
+    STAKES,
     WORLD,
     consumer,
     escrow,
     held,
+    held_for_job,
     may_go_negative,
     provider,
     stake,
@@ -18,7 +20,8 @@ def test_names():
     assert consumer("acct-1") == "consumer:acct-1"
     assert provider("n-abc") == "provider:n-abc"
     assert escrow("job-7") == "escrow:job-7"
-    assert stake("n-abc") == "stake:n-abc"
+    assert stake("n-abc") == "stake:n-abc" and stake("n-abc").startswith(STAKES)
+    assert held("j-1", "n-abc").startswith(held_for_job("j-1"))
     assert held("j-1", "n-abc") == "held:j-1/n-abc"
     assert PLATFORM_FEES == "platform:fees"
     assert SLASHED == "platform:slashed"

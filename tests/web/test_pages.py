@@ -7,6 +7,7 @@ import re
 import pytest
 from sqlalchemy import update
 
+from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import JournalEntry
 from gpuflex.coordinator.web.stats import ddp_bytes
 
@@ -209,7 +210,12 @@ def test_a_settled_job_shows_what_each_provider_was_paid_and_stops_refreshing(we
     ).groups()
     fee = web.ctx.settings.platform_fee_bps / 10_000
     assert float(metered) > 0 and float(paid) == pytest.approx(float(metered) * (1 - fee), abs=2e-6)
-    assert re.search(rf'data-field="balance">{paid}<', page)
+    assert f'data-field="held">{paid}<' in page and 'data-field="balance">0.000000<' in page
+    web.ctx.settings.audit_window_s = 30
+    web.clock.advance(31)
+    reap_once(web.ctx)
+    page = browser.get("/dashboard/provider").text
+    assert f'data-field="balance">{paid}<' in page and 'data-field="held">0.000000<' in page
     job_page = web.sign_in(running_job.alice_token).get(f"/dashboard/jobs/{running_job.job_id}").text
     assert 'class="badge cancelled"' in job_page and 'data-refresh-ms="0"' in job_page
     assert "open" not in text_of(job_page, "job-rounds")

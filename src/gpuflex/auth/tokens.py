@@ -1,4 +1,4 @@
-"""Bearer tokens: consumers' API tokens and the lease-scoped tokens of task subprocesses.
+"""Bearer tokens: consumers' API tokens, the lease-scoped tokens of task subprocesses, the operator's.
 
 The coordinator stores only a token's sha256, so a leaked database does not leak tokens.
 """
@@ -8,6 +8,7 @@ import secrets
 
 API_PREFIX = "gfx_"
 TASK_PREFIX = "gfxtask_"
+OPERATOR_PREFIX = "gfxop_"
 
 
 def new_api_token() -> str:

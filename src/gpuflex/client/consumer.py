@@ -1,4 +1,5 @@
-"""``Client``: what a consumer does — sign up, fund a wallet, submit and follow jobs, audit the ledger."""
+"""``Client``: what a consumer does — sign up, fund a wallet, submit and follow jobs, audit the ledger;
+with the operator's token, it also passes verdicts (``slash``)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,12 @@ class Client:
 
     def ledger(self) -> m.LedgerExport:
         return m.LedgerExport.model_validate(self.http.request("GET", "/v1/ledger/export").json())
+
+    def slashes(self) -> list[m.SlashRecord]:
+        """Every verdict's penalty: who was slashed, how much, and the evidence."""
+        return [m.SlashRecord.model_validate(s) for s in self.http.request("GET", "/v1/slashes").json()]
+
+    def slash(self, msg: m.SlashRequest) -> m.SlashRecord:
+        """A verdict (the operator's token only): take a node's stake, and its held pay for a job."""
+        response = self.http.request("POST", "/v1/slashes", json=msg.model_dump())
+        return m.SlashRecord.model_validate(response.json())

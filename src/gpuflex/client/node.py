@@ -34,3 +34,19 @@ class NodeClient:
 
     def leave(self) -> None:
         self.http.request("POST", "/v1/nodes/leave")
+
+    def wallet(self) -> m.NodeWallet:
+        return m.NodeWallet.model_validate(self.http.request("GET", "/v1/nodes/wallet").json())
+
+    def stake(self, amount: float, source: m.StakeSource = "deposit") -> m.NodeWallet:
+        return self._move("stake", m.StakeChange(amount=amount, source=source))
+
+    def unstake(self, amount: float) -> m.NodeWallet:
+        return self._move("unstake", m.Withdrawal(amount=amount))
+
+    def withdraw(self, amount: float) -> m.NodeWallet:
+        return self._move("withdraw", m.Withdrawal(amount=amount))
+
+    def _move(self, action: str, body: m.Message) -> m.NodeWallet:
+        response = self.http.request("POST", f"/v1/nodes/{action}", json=body.model_dump())
+        return m.NodeWallet.model_validate(response.json())

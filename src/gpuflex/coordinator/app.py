@@ -23,13 +23,14 @@ from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.coordinator.limits import BodySizeLimit
 from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
 from gpuflex.coordinator.metrics import router as metrics_router
-from gpuflex.coordinator.routes import accounts, blobs, jobs, ledger, market, nodes, tasks
+from gpuflex.coordinator.routes import accounts, blobs, jobs, ledger, market, nodes, operator, tasks
 from gpuflex.coordinator.services import jobs as job_service
-from gpuflex.coordinator.services import leases, registry
+from gpuflex.coordinator.services import leases, payouts, registry
 from gpuflex.coordinator.services import market as market_service
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import GPUFlexError
 from gpuflex.protocol.messages import API_VERSION
+from gpuflex.protocol.money import to_micro
 from gpuflex.storage import LocalBlobStore
 
 log = logging.getLogger("gpuflex.coordinator")
@@ -67,7 +68,10 @@ def reap_once(
     duties = (
         *(liveness if judge_liveness else ()),
         lambda s, now: job_service.enforce_limits(s, now, fee_bps=ctx.settings.platform_fee_bps),
-        lambda s, now: market_service.place_pending(s, now, ctx.settings.heartbeat_interval_s),
+        lambda s, now: market_service.place_pending(
+            s, now, ctx.settings.heartbeat_interval_s, min_stake=to_micro(ctx.settings.min_stake)
+        ),
+        lambda s, now: payouts.release_due(s, now, audit_window_s=ctx.settings.audit_window_s),
         lambda s, now: registry.prune_nonces(s, ctx.settings, now),
     )
     for duty in duties:
@@ -144,7 +148,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     app.state.ctx = ctx
     app.state.metrics = metrics
     api = APIRouter(prefix=f"/{API_VERSION}")
-    for module in (accounts, jobs, nodes, tasks, blobs, market, ledger):
+    for module in (accounts, jobs, nodes, tasks, blobs, market, ledger, operator):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(metrics_router)

@@ -1,4 +1,5 @@
-"""Who is calling: a consumer (API token), a node (Ed25519 signature) or a task (lease-scoped token).
+"""Who is calling: a consumer (API token), a node (Ed25519 signature), a task (lease-scoped token) or
+the operator (its own token, for verdicts).
 
 Each is a FastAPI dependency typed with ``Annotated`` so a route's signature says who may call it.
 Authentication runs in its own short transaction (a node's nonce is burnt even if the action fails).
@@ -6,6 +7,7 @@ Authentication runs in its own short transaction (a node's nonce is burnt even i
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -48,6 +50,15 @@ def current_task(request: Request, ctx: Ctx) -> Lease:
         return leases.authenticate_task(s, token, ctx.now())
 
 
+def operator(request: Request, ctx: Ctx) -> None:
+    """The operator alone may pass verdicts: its token is a secret of the coordinator's, never stored."""
+    token = _bearer(request)
+    if not token:
+        raise Unauthorized("this endpoint needs the operator's token: Authorization: Bearer gfxop_...")
+    if not secrets.compare_digest(token, ctx.settings.resolved_operator_token()):
+        raise Forbidden("only the operator may do this")
+
+
 async def signed_request(request: Request) -> tuple[str, str, bytes, object]:
     """The parts of a request a node signs."""
     path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -86,6 +97,7 @@ async def blob_writer(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
 
 
 Consumer = Annotated[Account, Depends(current_account)]
+Operator = Depends(operator)
 SignedNode = Annotated[Node, Depends(current_node)]
 TaskLease = Annotated[Lease, Depends(current_task)]
 BlobReader = Annotated[str, Depends(blob_reader)]

@@ -96,6 +96,7 @@ class Job(Base):
     checkpoint_round: Mapped[int] = mapped_column(Integer, default=-1)
     # An auction job's uniform worker price, set when its auction clears (market.pricing).
     clearing_price_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    paid_out_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # its held pay released
 
 
 class Task(Base):
@@ -185,6 +186,19 @@ class AccountBalance(Base):
     __tablename__ = "balances"
     account: Mapped[str] = mapped_column(String(80), primary_key=True)
     balance: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Slash(Base):
+    """A verdict's penalty: stake taken from a node, with the evidence that justified it."""
+
+    __tablename__ = "slashes"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), nullable=True)
+    amount_micro: Mapped[int] = mapped_column(BigInteger)  # taken; at most what was staked
+    withheld_micro: Mapped[int] = mapped_column(BigInteger, default=0)  # the job's held pay, refunded
+    evidence: Mapped[str] = mapped_column(Text)
+    at: Mapped[float] = mapped_column(Float)
 
 
 Index("ix_leases_active_task", Lease.task_id, Lease.state)

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuflex.auth.tokens import OPERATOR_PREFIX
 from gpuflex.jsonlog import LogFormat
 
 
@@ -24,7 +25,14 @@ class CoordinatorSettings(BaseSettings):
     max_blob_bytes: int = Field(64 << 20, gt=0)
     signature_max_skew_s: float = Field(60.0, gt=0)
     platform_fee_bps: int = Field(1000, ge=0, le=10_000, description="platform fee in basis points")
+    audit_window_s: float = Field(
+        600.0, ge=0, description="a job's pay is held this long after it ends, so an audit can still stop it"
+    )
+    min_stake: float = Field(0.0, ge=0, description="credits a community node must stake to be given work")
     core_token: str | None = Field(None, description="operator secret to register core nodes")
+    operator_token: str | None = Field(
+        None, description="the operator's API token (slashing); default: made once and kept in data_dir"
+    )
     open_signup: bool = Field(True, description="anyone may create a consumer account")
     log_format: LogFormat = Field("text", description="text, or json: one object per line with ids")
     dashboard_secret: str | None = Field(
@@ -56,14 +64,18 @@ class CoordinatorSettings(BaseSettings):
         """The operator's core token: the setting, else one made once and kept in data_dir."""
         return self.core_token or self._kept_secret("core_token")
 
+    def resolved_operator_token(self) -> str:
+        """The operator's bearer token: the setting, else one made once and kept in data_dir."""
+        return self.operator_token or self._kept_secret("operator_token", prefix=OPERATOR_PREFIX)
+
     def resolved_dashboard_secret(self) -> str:
         """The key of providers' dashboard tokens: the setting, else one made once and kept in data_dir."""
         return self.dashboard_secret or self._kept_secret("dashboard_secret")
 
-    def _kept_secret(self, name: str) -> str:
+    def _kept_secret(self, name: str, *, prefix: str = "") -> str:
         path = self.data_dir / name
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(secrets.token_urlsafe(24))
+            path.write_text(prefix + secrets.token_urlsafe(24))
             path.chmod(0o600)
         return path.read_text().strip()

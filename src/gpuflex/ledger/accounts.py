@@ -12,6 +12,8 @@ from gpuflex.errors import BadRequest
 WORLD = "world"
 PLATFORM_FEES = "platform:fees"
 SLASHED = "platform:slashed"  # stake taken from nodes found cheating, by verdict
+STAKES = "stake:"  # what every ``stake`` account's name starts with
+HELD = "held:"  # and every ``held`` account's
 
 
 def _named(kind: str, ident: str) -> str:
@@ -45,7 +47,12 @@ def held(job_id: str, node_id: str) -> str:
     for kind, ident in (("job", job_id), ("node", node_id)):
         if not isinstance(ident, str) or not ident or "/" in ident:
             raise BadRequest(f"held account needs a {kind} id without '/', got {ident!r}")
-    return f"held:{job_id}/{node_id}"
+    return held_for_job(job_id) + node_id
+
+
+def held_for_job(job_id: str) -> str:
+    """What the names of a job's held accounts start with."""
+    return f"{HELD}{job_id}/"
 
 
 def may_go_negative(account: str) -> bool:

@@ -32,6 +32,9 @@ def _finite_or_none(value: object) -> object:
 Loss = Annotated[float | None, BeforeValidator(_finite_or_none)]
 
 
+Credits = Annotated[float, Field(gt=0, le=1_000_000, description="credits")]  # an amount to move
+
+
 class Message(BaseModel):
     # Every other float must be finite: NaN and inf are refused with a 422 naming the field.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -51,7 +54,7 @@ class AccountCreated(Message):
 
 
 class Deposit(Message):
-    amount: Annotated[float, Field(gt=0, le=1_000_000, description="credits")]
+    amount: Credits
 
 
 class Balance(Message):
@@ -330,6 +333,45 @@ class TaskLog(Message):
 
 
 # -- ledger -----------------------------------------------------------------------------------
+
+
+# -- a node's money, and verdicts ------------------------------------------------------------
+
+StakeSource = Literal["deposit", "earnings"]
+
+
+class StakeChange(Message):
+    amount: Credits
+    source: StakeSource = Field("deposit", description="stake only: pay in from outside, or from earnings")
+
+
+class Withdrawal(Message):
+    amount: Credits
+
+
+class NodeWallet(Message):
+    node_id: str
+    earnings: float = Field(description="paid out and withdrawable (provider:<node>)")
+    held: float = Field(description="earned, held until each job's audit window passes")
+    stake: float = Field(description="bonded (stake:<node>); taken by a verdict against the node")
+    slashed: float = Field(0.0, description="taken by verdicts so far")
+
+
+class SlashRequest(Message):
+    node_id: str
+    amount: Credits
+    evidence: Annotated[str, Field(min_length=1, max_length=4000)]
+    job_id: str | None = Field(None, description="also withhold the node's pay held for this job")
+
+
+class SlashRecord(Message):
+    id: str
+    node_id: str
+    job_id: str | None
+    amount: float = Field(description="stake taken: at most what the node had staked")
+    withheld: float = Field(description="the job's held pay sent back to its owner")
+    evidence: str
+    at: float
 
 
 class Posting(Message):

@@ -9,10 +9,11 @@ from gpuflex.auth.signing import HEADER_NODE, node_id_for
 from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.coordinator.services import leases, registry
+from gpuflex.coordinator.services import leases, registry, stakes
 from gpuflex.coordinator.web import tokens
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
+from gpuflex.protocol.money import to_micro
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 log = logging.getLogger("gpuflex.coordinator")
@@ -73,8 +74,39 @@ def report(lease_id: str, body: m.LeaseReport, node: SignedNode, ctx: Ctx) -> di
 def leave(node: SignedNode, ctx: Ctx) -> dict[str, str]:
     """A draining node says goodbye; the market stops placing work on it."""
     with ctx.tx() as s:
-        registry.leave(s.get(Node, node.id))
+        registry.leave(s.get(Node, node.id), ctx.now())
     return {"status": "left"}
+
+
+@router.get("/wallet")
+def wallet(node: SignedNode, ctx: Ctx) -> m.NodeWallet:
+    """The node's earnings, pay held in audit windows, stake and what verdicts took."""
+    with ctx.tx() as s:
+        return stakes.wallet(s, node)
+
+
+@router.post("/stake")
+def stake(body: m.StakeChange, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
+    """Bond credits, from outside or from earnings: community nodes need ``min_stake`` to get work."""
+    with ctx.tx() as s:
+        stakes.stake(s, node, to_micro(body.amount), body.source, ctx.now())
+        return stakes.wallet(s, node)
+
+
+@router.post("/unstake")
+def unstake(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
+    """Stake back to earnings; refused (409) while the node's work can still be audited."""
+    with ctx.tx() as s:
+        stakes.unstake(s, node, to_micro(body.amount), ctx.now())
+        return stakes.wallet(s, node)
+
+
+@router.post("/withdraw")
+def withdraw(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
+    """Pay earnings out of the network; 402 if they do not cover it."""
+    with ctx.tx() as s:
+        stakes.withdraw(s, node, to_micro(body.amount), ctx.now())
+        return stakes.wallet(s, node)
 
 
 @router.post("/dashboard-token")

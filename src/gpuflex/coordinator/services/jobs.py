@@ -89,7 +89,9 @@ def metered(session: Session, job: Job, now: float) -> int:
 
 
 def finish(session: Session, job: Job, state: str, reason: str, now: float, *, fee_bps: int) -> None:
-    """End a job once: close its leases, pay the providers and the fee, refund the rest.
+    """End a job once: close its leases, set the providers' pay aside, take the fee, refund the rest.
+
+    The pay goes to ``held:<job>/<node>`` accounts, released after the audit window (``payouts``).
 
     The job's row is locked and read afresh first, so two coordinator replicas can't both settle it.
     """
@@ -101,7 +103,7 @@ def finish(session: Session, job: Job, state: str, reason: str, now: float, *, f
     session.flush()
     costs: dict[str, int] = defaultdict(int)
     for lease in session.scalars(select(Lease).where(Lease.job_id == job.id)):
-        costs[accounts.provider(lease.node_id)] += lease.cost_micro
+        costs[accounts.held(job.id, lease.node_id)] += lease.cost_micro
     escrow = accounts.escrow(job.id)
     postings = settle_job(
         escrow_balance=ledger.balance(session, escrow),

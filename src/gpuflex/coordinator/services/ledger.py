@@ -44,6 +44,14 @@ def balance(session: Session, account: str) -> int:
     return row.balance if row else 0
 
 
+def balances_under(session: Session, prefix: str) -> dict[str, int]:
+    """The positive balances of the accounts whose names start with ``prefix``, keyed by the rest."""
+    rows = session.scalars(
+        select(AccountBalance).where(AccountBalance.account.startswith(prefix), AccountBalance.balance > 0)
+    )
+    return {row.account.removeprefix(prefix): row.balance for row in rows}
+
+
 def append(
     session: Session, *, kind: str, memo: str, postings: Sequence[tuple[str, int]], now: float
 ) -> Entry:

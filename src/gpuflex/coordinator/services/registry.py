@@ -87,12 +87,10 @@ def beat(node: Node, now: float) -> None:
     node.state = "online"
 
 
-def leave(node: Node, now: float | None = None) -> None:
-    """The node says goodbye: heartbeats are no longer expected of it, from ``now`` or, not given,
-    from its last heartbeat (it left before the next one was due)."""
+def leave(node: Node, now: float) -> None:
+    """The node says goodbye: from ``now`` on, heartbeats are no longer expected of it."""
     if node.online_since is not None:
-        until = node.last_heartbeat_at if now is None else now
-        node.presence_s += max(0.0, until - node.online_since)
+        node.presence_s += max(0.0, now - node.online_since)
         node.online_since = None
     node.state = "left"
 

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import AccountBalance, Job, Lease, Node, Task
-from gpuflex.coordinator.services import leases, ledger
+from gpuflex.coordinator.services import leases, ledger, payouts
 from gpuflex.ledger import accounts
 from gpuflex.ledger.journal import ChainReport, Entry, verify_chain
 
@@ -67,13 +67,14 @@ class JobEarning:
     job_id: str
     seconds: float
     metered: int  # what its leases cost the consumer so far
-    paid: int  # what settlement paid this node (metered less the platform fee)
+    paid: int  # what settlement set aside for this node (metered less the platform fee)
 
 
 @dataclass(frozen=True)
 class Earnings:
     node: Node
     balance: int
+    held: int  # settled, waiting for audit windows to pass
     leases: list[LeaseRow]
     jobs: list[JobEarning]
     ledger: LedgerView
@@ -103,6 +104,7 @@ def _totals(session: Session) -> dict[str, int]:
         "money in the network": -ledger.balance(session, accounts.WORLD),
         "consumer wallets": total("consumer:"),
         "in escrow": total("escrow:"),
+        "held in audit windows": total(accounts.HELD),
         "paid to providers": total("provider:"),
         "platform fees": ledger.balance(session, accounts.PLATFORM_FEES),
     }
@@ -122,7 +124,7 @@ def ledger_view(session: Session, mine: dict[str, str]) -> LedgerView:
     balances = [BalanceRow(a, label, ledger.balance(session, a)) for a, label in mine.items()]
     return LedgerView(
         chain=verify_chain(journal),
-        balances=[b for b in balances if b.micro or not b.account.startswith("escrow:")],
+        balances=[b for b in balances if b.micro or b.account == main],
         entries=rows,
         totals=_totals(session),
     )
@@ -154,19 +156,26 @@ def _lease_rows(session: Session, node: Node, now: float) -> list[LeaseRow]:
 
 
 def earnings(session: Session, node: Node, now: float) -> Earnings:
-    """A provider's own page: balance, leases, and per job what was metered and what was paid."""
+    """A provider's own page: balance, leases, and per job what was metered and what it was paid.
+
+    A job's pay is what its settlement set aside for this node (``held:<job>/<node>``), whether the
+    audit window has released it to the node's earnings yet or not.
+    """
     account = accounts.provider(node.id)
-    view = ledger_view(session, {account: "your earnings"})
     lease_rows = _lease_rows(session, node, now)
     seconds: dict[str, float] = defaultdict(float)
     metered: dict[str, int] = defaultdict(int)
     for row in lease_rows:
         seconds[row.job_id] += row.seconds
         metered[row.job_id] += row.cost
+    held = {accounts.held(j, node.id): j for j in seconds}
+    labels = {account: "your earnings"} | {a: f"held for job {j}" for a, j in held.items()}
+    view = ledger_view(session, labels)
     paid: dict[str, int] = defaultdict(int)
     for e in ledger.entries(session):
-        job_id = _job_of(e)
-        if job_id is not None:
-            paid[job_id] += sum(n for a, n in e.postings if a == account)
+        for a, n in e.postings:
+            if a in held and n > 0:
+                paid[held[a]] += n
     per_job = [JobEarning(j, seconds[j], metered[j], paid.get(j, 0)) for j in dict.fromkeys(seconds)]
-    return Earnings(node, ledger.balance(session, account), lease_rows, per_job, view)
+    held_now = payouts.held_for_node(session, node.id)
+    return Earnings(node, ledger.balance(session, account), held_now, lease_rows, per_job, view)

@@ -1,0 +1,111 @@
+"""A provider node's money: its stake, its earnings, withdrawals, and slashing by verdict.
+
+A community node must bond at least ``min_stake`` credits (``stake:<node>``) before the market
+gives it work, so cheating costs more than it can earn. The stake backs the node's work while it
+can still be audited: it cannot be unstaked while the node holds a lease or has pay held in an
+audit window. A verdict (``slash``) takes stake to ``platform:slashed`` and can withhold the
+node's held pay for the job in question. Earnings (``provider:<node>``) can be withdrawn or staked.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from gpuflex.coordinator.db import Job, Lease, Node, Slash, new_id
+from gpuflex.coordinator.services import ledger, payouts
+from gpuflex.errors import BadRequest, Conflict, NotFound
+from gpuflex.ledger import accounts
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.money import to_credits
+
+
+def wallet(session: Session, node: Node) -> m.NodeWallet:
+    slashed = session.scalar(select(func.sum(Slash.amount_micro)).where(Slash.node_id == node.id))
+    return m.NodeWallet(
+        node_id=node.id,
+        earnings=to_credits(ledger.balance(session, accounts.provider(node.id))),
+        held=to_credits(payouts.held_for_node(session, node.id)),
+        stake=to_credits(ledger.balance(session, accounts.stake(node.id))),
+        slashed=to_credits(slashed or 0),
+    )
+
+
+def stake(session: Session, node: Node, amount_micro: int, source: m.StakeSource, now: float) -> None:
+    """Bond credits: paid in from outside (``deposit``) or taken from the node's own earnings."""
+    payer = accounts.WORLD if source == "deposit" else accounts.provider(node.id)
+    ledger.append(
+        session,
+        kind="stake",
+        memo=f"{node.name} ({node.id}) stakes from its {source}",
+        postings=[(payer, -amount_micro), (accounts.stake(node.id), amount_micro)],
+        now=now,
+    )
+
+
+def unstake(session: Session, node: Node, amount_micro: int, now: float) -> None:
+    """Return stake to the node's earnings, once none of its work can still be audited."""
+    if session.scalars(select(Lease.id).where(Lease.node_id == node.id, Lease.state == "active")).first():
+        raise Conflict("the node holds a lease: its stake backs that work; unstake when it is idle")
+    if payouts.held_for_node(session, node.id):
+        raise Conflict("the node has pay held in an audit window: its stake backs that work until it ends")
+    ledger.append(
+        session,
+        kind="unstake",
+        memo=f"{node.name} ({node.id}) unstakes",
+        postings=[(accounts.stake(node.id), -amount_micro), (accounts.provider(node.id), amount_micro)],
+        now=now,
+    )
+
+
+def withdraw(session: Session, node: Node, amount_micro: int, now: float) -> None:
+    """Pay earnings out of the network (to a bank account, in a real deployment)."""
+    ledger.append(
+        session,
+        kind="withdrawal",
+        memo=f"{node.name} ({node.id}) withdraws its earnings",
+        postings=[(accounts.provider(node.id), -amount_micro), (accounts.WORLD, amount_micro)],
+        now=now,
+    )
+
+
+def slash(
+    session: Session, node_id: str, amount_micro: int, evidence: str, now: float, *, job_id: str | None = None
+) -> Slash:
+    """Take up to ``amount_micro`` of a node's stake for a verdict, and with ``job_id`` its held pay too.
+
+    The stake may hold less than the verdict asks: what is there is taken, and the record says so.
+    """
+    node = session.get(Node, node_id)
+    if node is None:
+        raise NotFound(f"no node {node_id}")
+    if not evidence.strip():
+        raise BadRequest("a slash needs its evidence: say what the node did and how it was found")
+    job = session.get(Job, job_id) if job_id else None
+    if job_id and job is None:
+        raise NotFound(f"no job {job_id}")
+    taken = min(amount_micro, ledger.balance(session, accounts.stake(node_id)))
+    if taken:
+        ledger.append(
+            session,
+            kind="slash",
+            memo=f"{node_id} slashed: {evidence}",
+            postings=[(accounts.stake(node_id), -taken), (accounts.SLASHED, taken)],
+            now=now,
+        )
+    withheld = payouts.withhold(session, job, node_id, f"slashed: {evidence}", now) if job else 0
+    record = Slash(
+        id=new_id("s"),
+        node_id=node_id,
+        job_id=job_id,
+        amount_micro=taken,
+        withheld_micro=withheld,
+        evidence=evidence,
+        at=now,
+    )
+    session.add(record)
+    return record
+
+
+def slashes(session: Session) -> list[Slash]:
+    return list(session.scalars(select(Slash).order_by(Slash.at.desc(), Slash.id)))

@@ -200,10 +200,9 @@ def _entry_problem(
     postings = tuple(e.postings)
     if e.hash != entry_hash(e.seq, e.at, e.kind, e.memo, postings, e.prev_hash):
         return f"seq {e.seq}: hash mismatch, the entry's content was changed"
-    problem = (_signature_problem(e, key) if key is not None else None) or _content_problem(
-        e.at, e.kind, postings
-    )
-    if problem:
+    if key is not None and (problem := _signature_problem(e, key)):
+        return f"seq {e.seq}: {problem}"
+    if problem := _content_problem(e.at, e.kind, postings):
         return f"seq {e.seq}: {problem}"
     for account, amount in postings:
         running[account] = running.get(account, 0) + amount

@@ -2,14 +2,17 @@
 relinked consistently, fails verification through the export API and ``gpuflex ledger verify --from
 URL``, naming the first bad entry."""
 
+import stat
 import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from gpuflex.client import Client
 from gpuflex.coordinator.db import JournalEntry
+from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.ledger.export import verify_export
 from gpuflex.ledger.journal import make_entry
 from gpuflex.protocol.spec import JobSpec
@@ -93,3 +96,17 @@ def test_a_journal_rehashed_and_relinked_by_an_attacker_fails_on_its_signature(c
             prev = make_entry(prev, at=row.at, kind=row.kind, memo=memo, postings=postings)
             row.memo, row.prev_hash, row.hash = prev.memo, prev.prev_hash, prev.hash
     _broken(coordinator, token, "seq 2: signature does not verify")
+
+
+def test_the_ledger_key_is_made_once_in_data_dir_or_shared_by_a_setting(tmp_path):
+    made = CoordinatorSettings(data_dir=tmp_path / "a").resolved_ledger_key().public_key_hex
+    path = tmp_path / "a" / "ledger_key.pem"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert CoordinatorSettings(data_dir=tmp_path / "a").resolved_ledger_key().public_key_hex == made
+    shared = "5e" * 32  # replicas on one database are given the same key
+    replicas = [CoordinatorSettings(data_dir=tmp_path / r, ledger_key=shared) for r in ("b", "c")]
+    assert len({r.resolved_ledger_key().public_key_hex for r in replicas}) == 1
+    assert made != replicas[0].resolved_ledger_key().public_key_hex
+    assert not (tmp_path / "b" / "ledger_key.pem").exists()
+    with pytest.raises(ValidationError, match=r"ledger_key\n.*64 hex digits"):
+        CoordinatorSettings(data_dir=tmp_path, ledger_key="not a key")

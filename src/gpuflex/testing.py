@@ -115,16 +115,21 @@ def small_job(
     )
 
 
-def check_invariants(database_url: str) -> list[str]:
+def check_invariants(database_url: str, *, ledger_public_key: str | None = None) -> list[str]:
     """Every invariant of docs/architecture.md that the database can show; each problem as a sentence.
 
     Read straight from the tables, not through the API, so a bug in a view can't hide a bug in a write.
-    An empty list means the network is sound: run it after every fault a test injects.
+    An empty list means the network is sound: run it after every fault a test injects. Give the
+    coordinator's ``ledger_public_key`` to check the journal's signatures too.
     """
     engine = make_engine(database_url)
     try:
         with make_sessionmaker(engine)() as session:
-            return [*_lease_problems(session), *_round_problems(session), *_money_problems(session)]
+            return [
+                *_lease_problems(session),
+                *_round_problems(session),
+                *_money_problems(session, ledger_public_key),
+            ]
     finally:
         engine.dispose()
 
@@ -193,11 +198,11 @@ def _round_problems(session) -> list[str]:
     return problems
 
 
-def _money_problems(session) -> list[str]:
+def _money_problems(session, ledger_public_key: str | None) -> list[str]:
 
     journal = entries(session)
     problems = []
-    report = verify_chain(journal)
+    report = verify_chain(journal, public_key=ledger_public_key)
     if not report.ok:
         problems.append(f"the journal does not verify: {report.problem}")
     replayed = {a: n for a, n in balances(journal).items() if n}

@@ -80,28 +80,44 @@ def test_a_missing_token_says_how_to_get_one(tmp_path):
     assert result.returncode == 1 and "gpuflex account create" in result.stderr
 
 
-def test_ledger_verify_reports_a_tampered_export(tmp_path):
-    from gpuflex.ledger.export import to_export
-    from gpuflex.ledger.journal import make_entry
+def test_ledger_verify_checks_signatures_and_the_pinned_key(tmp_path):
+    import dataclasses
+    import json
 
-    first = make_entry(
-        None,
-        at="2026-01-01T00:00:00+00:00",
-        kind="deposit",
-        memo="d",
-        postings=(("world", -5), ("consumer:a", 5)),
-    )
-    export = to_export([first]).model_dump()
-    good = tmp_path / "good.json"
-    good.write_text(__import__("json").dumps(export))
-    ok = _gpuflex("ledger", "verify", "--from", str(good))
+    from gpuflex.auth.signing import NodeKey
+    from gpuflex.ledger.export import to_export
+    from gpuflex.ledger.journal import make_entry, signed_message
+
+    key, other = NodeKey.generate(), NodeKey.generate()
+    deposit = {"at": "2026-01-01T00:00:00+00:00", "kind": "deposit", "memo": "d"}
+    first = make_entry(None, **deposit, postings=(("world", -5), ("consumer:a", 5)))
+    first = dataclasses.replace(first, signature=key.private_key.sign(signed_message(first.hash)).hex())
+    export = to_export([first], public_key=key.public_key_hex).model_dump()
+
+    def verify(name: str, *args: str) -> subprocess.CompletedProcess:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(export))
+        return _gpuflex("ledger", "verify", "--from", str(path), *args)
+
+    ok = verify("good")
     assert ok.returncode == 0 and "1 entries, chain verified" in ok.stdout
+    assert f"signed by key {key.public_key_hex}" in ok.stdout
+    assert verify("good", "--public-key", key.public_key_hex).returncode == 0
+    pinned = verify("good", "--public-key", other.public_key_hex)
+    assert pinned.returncode == 1 and len(pinned.stderr.strip().splitlines()) == 1
+    assert f"not by the key you trust ({other.public_key_hex})" in pinned.stderr
+
     export["entries"][0]["postings"][1]["amount"] = 6
     export["entries"][0]["postings"][0]["amount"] = -6
-    bad = tmp_path / "bad.json"
-    bad.write_text(__import__("json").dumps(export))
-    broken = _gpuflex("ledger", "verify", "--from", str(bad))
+    broken = verify("bad")
     assert broken.returncode == 1 and "BROKEN" in broken.stderr and "seq 1" in broken.stderr
+
+    # Re-hashed consistently, as an attacker would: only the signature gives it away.
+    export["entries"][0]["hash"] = make_entry(
+        None, **deposit, postings=(("world", -6), ("consumer:a", 6))
+    ).hash
+    rehashed = verify("rehashed")
+    assert rehashed.returncode == 1 and "seq 1: signature does not verify" in rehashed.stderr
 
 
 def test_the_demo_never_wipes_a_directory_it_did_not_make(tmp_path):

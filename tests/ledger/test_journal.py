@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from gpuflex.auth.signing import NodeKey
 from gpuflex.errors import BadRequest, InsufficientFunds
 from gpuflex.ledger.accounts import PLATFORM_FEES, WORLD, consumer, escrow, provider
 from gpuflex.ledger.export import from_export, to_export, verify_export
@@ -18,11 +19,15 @@ from gpuflex.ledger.journal import (
     check_funds,
     entry_hash,
     make_entry,
+    signed_message,
     verify_chain,
 )
 from gpuflex.protocol.messages import LedgerExport
 
 AT = "2025-01-01T00:00:00+00:00"
+COORDINATOR = NodeKey.generate()  # the key that signs the journal
+MALLORY = NodeKey.generate()  # an attacker with write access to the database, not to that key
+PUBLIC = COORDINATOR.public_key_hex
 INSIDE = [consumer("a"), consumer("b"), provider("n1"), provider("n2"), escrow("j1"), PLATFORM_FEES]
 timestamps = st.datetimes(timezones=st.just(UTC)).map(lambda t: t.isoformat())
 
@@ -52,8 +57,24 @@ def chains(draw, min_size: int = 1, max_size: int = 10) -> list[Entry]:
         check_funds(bal, postings)
         memo = draw(st.text(max_size=20))
         prev = entries[-1] if entries else None
-        entries.append(make_entry(prev, at=draw(timestamps), kind=kind, memo=memo, postings=postings))
+        entry = make_entry(prev, at=draw(timestamps), kind=kind, memo=memo, postings=postings)
+        entries.append(signed(entry))
     return entries
+
+
+def signed(entry: Entry, key: NodeKey = COORDINATOR) -> Entry:
+    return dataclasses.replace(entry, signature=key.private_key.sign(signed_message(entry.hash)).hex())
+
+
+def rehashed(entries: list[Entry], i: int, **changes) -> list[Entry]:
+    """The journal an attacker makes: entry ``i`` changed, it and every later entry re-hashed and
+    relinked consistently; the old signatures are kept (the attacker has not the coordinator's key)."""
+    out = entries[:i]
+    for k, e in enumerate(entries[i:]):
+        fields = {"at": e.at, "kind": e.kind, "memo": e.memo, "postings": e.postings}
+        forged = make_entry(out[-1] if out else None, **(fields | changes if k == 0 else fields))
+        out.append(dataclasses.replace(forged, signature=e.signature))
+    return out
 
 
 def names_seq(problem: str | None, seq: int) -> bool:
@@ -62,8 +83,10 @@ def names_seq(problem: str | None, seq: int) -> bool:
 
 @given(chains())
 def test_valid_transfers_verify_and_sum_to_zero(entries):
-    report = verify_chain(entries)
+    report = verify_chain(entries, public_key=PUBLIC)
     assert report.ok, report.problem
+    assert report.public_key == PUBLIC
+    assert verify_chain(entries).ok
     assert report.entries == len(entries)
     assert report.head == entries[-1].hash
     assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
@@ -75,9 +98,12 @@ def test_valid_transfers_verify_and_sum_to_zero(entries):
 
 @given(chains())
 def test_export_round_trip_through_json(entries):
-    exported = LedgerExport.model_validate_json(to_export(entries).model_dump_json())
+    exported = LedgerExport.model_validate_json(to_export(entries, public_key=PUBLIC).model_dump_json())
     assert from_export(exported) == entries
-    assert verify_export(exported).ok
+    assert exported.public_key == PUBLIC
+    report = verify_export(exported)
+    assert report.ok and report.public_key == PUBLIC, report.problem
+    assert verify_export(exported, public_key=PUBLIC.upper()).ok
 
 
 def _tamper(e: Entry, field: str, data) -> Entry:
@@ -92,7 +118,7 @@ def _tamper(e: Entry, field: str, data) -> Entry:
         return dataclasses.replace(e, postings=postings)
     if field == "seq":
         return dataclasses.replace(e, seq=e.seq + data.draw(st.integers(-5, 5).filter(bool)))
-    if field in ("prev_hash", "hash"):
+    if field in ("prev_hash", "hash", "signature"):
         old = getattr(e, field)
         return dataclasses.replace(e, **{field: ("1" if old[0] != "1" else "2") + old[1:]})
     return dataclasses.replace(e, **{field: getattr(e, field) + "x"})
@@ -100,16 +126,47 @@ def _tamper(e: Entry, field: str, data) -> Entry:
 
 @given(
     chains(),
-    st.sampled_from(["amount", "account", "memo", "seq", "prev_hash", "hash", "at", "kind"]),
+    st.sampled_from(["amount", "account", "memo", "seq", "prev_hash", "hash", "at", "kind", "signature"]),
     st.data(),
 )
 def test_any_change_fails_and_names_the_entry(entries, field, data):
     i = data.draw(st.integers(0, len(entries) - 1))
     tampered = [*entries[:i], _tamper(entries[i], field, data), *entries[i + 1 :]]
-    report = verify_chain(tampered)
+    report = verify_chain(tampered, public_key=PUBLIC)
     assert not report.ok
     assert report.entries == i
     assert names_seq(report.problem, entries[i].seq), report.problem
+
+
+@given(chains(), st.data())
+def test_a_consistently_rehashed_journal_fails_on_its_signature(entries, data):
+    i = data.draw(st.integers(0, len(entries) - 1))
+    forged = rehashed(entries, i, memo=entries[i].memo + " (edited)")
+    assert verify_chain(forged).ok  # the hash chain alone cannot tell
+    report = verify_chain(forged, public_key=PUBLIC)
+    assert not report.ok and report.entries == i
+    assert report.problem == f"seq {i + 1}: signature does not verify against the public key " + (
+        "(signed by another key, or forged)"
+    )
+
+
+@given(chains(), st.data())
+def test_a_journal_re_signed_by_another_key_fails_against_the_trusted_key(entries, data):
+    i = data.draw(st.integers(0, len(entries) - 1))
+    forged = [signed(e, MALLORY) for e in rehashed(entries, i, memo=entries[i].memo + " (edited)")]
+    assert not verify_chain(forged, public_key=PUBLIC).ok
+    assert verify_chain(forged, public_key=MALLORY.public_key_hex).ok
+    # The forger's export names the forger's key: pinning the key you trust catches it.
+    export = to_export(forged, public_key=MALLORY.public_key_hex)
+    report = verify_export(export, public_key=PUBLIC)
+    assert not report.ok
+    assert (
+        report.problem
+        == f"the export is signed by key {MALLORY.public_key_hex}, not by the key you trust ({PUBLIC})"
+    )
+    # An export that names no key is checked against the pinned key, entry by entry.
+    report = verify_export(to_export(forged), public_key=PUBLIC)
+    assert not report.ok and names_seq(report.problem, 1), report.problem
 
 
 @given(chains(min_size=2), st.data())
@@ -162,6 +219,30 @@ def test_negative_balance_fails():
     assert not report.ok
     assert report.problem == "seq 2: account consumer:a balance goes negative (-1)"
     assert report.head == e1.hash
+
+
+def test_an_unsigned_entry_fails_when_signatures_are_checked():
+    e1 = signed(make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)]))
+    e2 = make_entry(e1, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)])
+    assert verify_chain([e1, e2]).ok
+    report = verify_chain([e1, e2], public_key=PUBLIC)
+    assert not report.ok and report.entries == 1
+    assert report.problem == "seq 2: the entry is not signed"
+
+
+@pytest.mark.parametrize("key", ["", "zz" * 32, "ab" * 31])
+def test_a_malformed_public_key_is_a_clear_problem(key):
+    e1 = signed(make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)]))
+    report = verify_chain([e1], public_key=key)
+    assert not report.ok and report.entries == 0
+    assert "is not a hex Ed25519 public key" in report.problem
+
+
+def test_an_export_naming_no_key_needs_one_pinned():
+    e1 = signed(make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)]))
+    report = verify_export(to_export([e1]))
+    assert not report.ok and "names no public key" in report.problem
+    assert verify_export(to_export([e1]), public_key=PUBLIC).ok
 
 
 def test_empty_chain_is_ok():
@@ -217,6 +298,18 @@ def test_a_record_entry_moves_no_money_and_chains_like_any_other():
     assert vote.postings == () and vote.prev_hash == deposit.hash
     assert verify_chain([deposit, vote]).ok
     assert balances([deposit, vote]) == {WORLD: -5, consumer("a"): 5}
+
+
+def test_a_record_entry_is_signed_and_verified_like_any_other():
+    journal = [
+        signed(make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)]))
+    ]
+    journal.append(signed(make_entry(journal[0], at=AT, kind="governance", memo="vote yes", postings=[])))
+    assert verify_chain(journal, public_key=PUBLIC).ok
+    report = verify_chain([journal[0], dataclasses.replace(journal[1], signature="")], public_key=PUBLIC)
+    assert report.problem == "seq 2: the entry is not signed"
+    report = verify_chain(rehashed(journal, 1, memo="vote no"), public_key=PUBLIC)
+    assert not report.ok and report.problem.startswith("seq 2: signature does not verify")
 
 
 def test_check_funds():

@@ -150,6 +150,7 @@ def test_the_ledger_verifies_the_chain_and_shows_your_own_entries(web, running_j
     alice = web.sign_in(running_job.alice_token)
     html = alice.get("/dashboard/ledger").text
     assert "chain verified" in html and "2 entries" in html
+    assert f'signed by key <span class="mono">{web.ctx.ledger_key.public_key_hex[:16]}' in html
     assert "deposit by alice" in html and f"budget of job {running_job.job_id} into escrow" in html
     assert "your wallet" in html and "escrow of tiny-gpt" in html
     with web.ctx.tx() as s:

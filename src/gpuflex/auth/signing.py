@@ -47,6 +47,11 @@ class NodeKey:
         return cls(Ed25519PrivateKey.generate())
 
     @classmethod
+    def from_hex(cls, private_key_hex: str) -> NodeKey:
+        """The key whose raw 32-byte Ed25519 private key is ``private_key_hex``; ValueError if it is not."""
+        return cls(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(private_key_hex)))
+
+    @classmethod
     def load_or_create(cls, path: Path) -> NodeKey:
         """Load the key at ``path``, making it (mode 0600) on first start."""
         if path.exists():

@@ -7,6 +7,6 @@
 - ``account``      ``account create``, ``wallet deposit | balance``
 - ``jobs``         ``submit``, ``jobs``, ``job show | logs | cancel | fetch | watch | report``, ``offers``
 - ``watch``        the live Rich view of a running job; ``report`` its PNG loss curve and cost table
-- ``ledger``       ``ledger verify``
+- ``ledger``       ``ledger export | verify`` (hashes, chain, balances and signatures, offline)
 - ``demo``         ``demo``: the whole network on this machine
 """

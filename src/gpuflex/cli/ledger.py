@@ -1,4 +1,5 @@
-"""``gpuflex ledger export | verify``: anyone can re-check the journal's hash chain offline."""
+"""``gpuflex ledger export | verify``: anyone can re-check the journal's hash chain and the
+coordinator's signature of every entry offline."""
 
 from __future__ import annotations
 
@@ -43,11 +44,20 @@ def export(
 @ledger_app.command("verify")
 def verify(
     source: Annotated[str | None, typer.Option("--from", help="an export file or a coordinator URL")] = None,
+    public_key: Annotated[
+        str | None,
+        typer.Option("--public-key", help="hex key you trust to sign the journal [default: the export's]"),
+    ] = None,
     url: Url = None,
     token: Token = None,
 ) -> None:
-    """Re-check every entry's hash, the chain, the balancing of postings and that no balance went negative."""
-    report = verify_export(_load(source, url, token))
+    """Re-check every entry's hash, the chain, the balancing of postings, that no balance went
+    negative, and every entry's signature."""
+    report = verify_export(_load(source, url, token), public_key=public_key)
     if not report.ok:
         raise GPUFlexError(f"ledger: {report.entries} entries, chain BROKEN: {report.problem}")
-    console.print(f"ledger: {report.entries} entries, chain verified (head {report.head[:16]})")
+    console.print(
+        f"ledger: {report.entries} entries, chain verified, signed by key {report.public_key} "
+        f"(head {report.head[:16]})",
+        soft_wrap=True,
+    )

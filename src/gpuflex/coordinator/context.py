@@ -1,4 +1,5 @@
-"""What every route needs, made once per app: settings, the database, the blob store and the clock."""
+"""What every route needs, made once per app: settings, the database, the blob store, the clock and
+the key that signs the journal (every transaction carries it, so ``services.ledger.append`` signs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpuflex.auth.signing import NodeKey
+from gpuflex.coordinator.services import ledger
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.storage import BlobStore
 
@@ -21,6 +24,10 @@ class CoordinatorContext:
     sessions: sessionmaker
     blobs: BlobStore
     clock: Callable[[], float] = field(default=time.time)
+    ledger_key: NodeKey = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.ledger_key = self.settings.resolved_ledger_key()
 
     def now(self) -> float:
         return self.clock()
@@ -28,5 +35,5 @@ class CoordinatorContext:
     @contextmanager
     def tx(self) -> Iterator[Session]:
         """One transaction: committed when the block ends, rolled back (nothing written) on error."""
-        with self.sessions() as session, session.begin():
+        with self.sessions(info={ledger.SIGNING_KEY: self.ledger_key}) as session, session.begin():
             yield session

@@ -168,7 +168,8 @@ class JobEvent(Base):
 
 
 class JournalEntry(Base):
-    """The ledger's append-only journal; each entry's hash covers the previous one's."""
+    """The ledger's append-only journal; each entry's hash covers the previous one's, and the
+    coordinator's ledger key signs each hash."""
 
     __tablename__ = "journal"
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
@@ -178,6 +179,7 @@ class JournalEntry(Base):
     postings: Mapped[list] = mapped_column(JSON)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
+    signature: Mapped[str] = mapped_column(String(128))  # hex Ed25519 over the hash; "" before 0004
 
 
 class AccountBalance(Base):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpuflex.auth.signing import NodeKey
 from gpuflex.auth.tokens import OPERATOR_PREFIX
 from gpuflex.jsonlog import LogFormat
 
@@ -33,6 +34,11 @@ class CoordinatorSettings(BaseSettings):
     operator_token: str | None = Field(
         None, description="the operator's API token (slashing); default: made once and kept in data_dir"
     )
+    ledger_key: str | None = Field(
+        None,
+        description="hex Ed25519 private key (32 bytes) that signs the journal; replicas must share it "
+        "(default: made once in data_dir)",
+    )
     open_signup: bool = Field(True, description="anyone may create a consumer account")
     log_format: LogFormat = Field("text", description="text, or json: one object per line with ids")
     dashboard_secret: str | None = Field(
@@ -42,6 +48,16 @@ class CoordinatorSettings(BaseSettings):
     dashboard_session_ttl_s: float = Field(12 * 3600.0, gt=0, description="life of a dashboard sign-in")
     dashboard_refresh_s: float = Field(3.0, gt=0, description="how often live pages refresh")
     secure_cookies: bool = Field(False, description="mark dashboard cookies Secure (serve over HTTPS)")
+
+    @field_validator("ledger_key")
+    @classmethod
+    def _ledger_key_is_a_key(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                NodeKey.from_hex(value)
+            except ValueError:
+                raise ValueError("must be a raw Ed25519 private key as 64 hex digits") from None
+        return value
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -71,6 +87,12 @@ class CoordinatorSettings(BaseSettings):
     def resolved_dashboard_secret(self) -> str:
         """The key of providers' dashboard tokens: the setting, else one made once and kept in data_dir."""
         return self.dashboard_secret or self._kept_secret("dashboard_secret")
+
+    def resolved_ledger_key(self) -> NodeKey:
+        """The key that signs the journal: the setting, else one made once and kept in data_dir (0600)."""
+        if self.ledger_key:
+            return NodeKey.from_hex(self.ledger_key)
+        return NodeKey.load_or_create(self.data_dir / "ledger_key.pem")
 
     def _kept_secret(self, name: str, *, prefix: str = "") -> str:
         path = self.data_dir / name

@@ -5,8 +5,10 @@ clock, so the coordinator (which stores entries) and the simulator call the very
 
 - ``accounts``    account names (``consumer:<id>``, ``escrow:<job>``, ``stake:<node>``, ``held:<job>/<node>``,
                   ``world`` ...) and who may go negative
-- ``journal``     entries, their hash chain, validation, balances, verification
-- ``export``      the journal on the wire (``LedgerExport``) and verifying an export offline
+- ``journal``     entries, their hash chain, validation, balances, verification (with the
+                  coordinator's public key: every entry's Ed25519 signature of its hash too)
+- ``export``      the journal on the wire (``LedgerExport``: entries, signatures, public key) and
+                  verifying an export offline, against the key it names or one you pin
 - ``metering``    lease seconds x price -> micro-credits, rounded down
 - ``settlement``  one entry's postings that empty a job's escrow into providers, fees and refund
 """
@@ -31,6 +33,7 @@ from gpuflex.ledger.journal import (
     check_funds,
     entry_hash,
     make_entry,
+    signed_message,
     verify_chain,
 )
 from gpuflex.ledger.metering import lease_cost_micro
@@ -55,6 +58,7 @@ __all__ = [
     "may_go_negative",
     "provider",
     "settle_job",
+    "signed_message",
     "stake",
     "verify_chain",
 ]

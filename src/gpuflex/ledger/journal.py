@@ -8,6 +8,11 @@ entries alone: compare the report's ``head`` with a head you trust (pass ``expec
 
 The hash is sha256 of canonical JSON (sorted keys, no spaces, ASCII escapes, postings as
 ``[[account, amount], ...]`` in entry order), so any language can recompute it.
+
+The coordinator signs each entry's hash with its Ed25519 ledger key (``signed_message``): the hash
+chain alone shows a change made by someone who did not recompute the hashes; the signatures also
+refuse a journal an attacker re-hashed and relinked consistently, since only the coordinator's key
+signs. Give ``verify_chain`` the public key you trust and it checks every signature too.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from gpuflex.errors import BadRequest, InsufficientFunds
 from gpuflex.ledger.accounts import may_go_negative
@@ -38,16 +46,21 @@ class Entry:
     postings: Postings
     prev_hash: str
     hash: str
+    signature: str = ""  # hex Ed25519 signature of signed_message(hash); "" until the coordinator signs
 
 
 @dataclass(frozen=True)
 class ChainReport:
-    """``entries`` counts the entries that verified; ``head`` is the hash of the last of them."""
+    """``entries`` counts the entries that verified; ``head`` is the hash of the last of them.
+
+    ``public_key`` is the key every verified entry's signature was checked against (None: not checked).
+    """
 
     ok: bool
     entries: int
     head: str
     problem: str | None = None
+    public_key: str | None = None
 
 
 def entry_hash(
@@ -63,6 +76,12 @@ def entry_hash(
     }
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def signed_message(hash_hex: str) -> bytes:
+    """The bytes the coordinator signs for an entry: a label (so the signature means nothing else) and
+    the entry's hash, which covers its content and its predecessor."""
+    return b"gpuflex journal entry " + hash_hex.encode()
 
 
 def _content_problem(at: object, kind: object, postings: Postings) -> str | None:
@@ -126,25 +145,53 @@ def check_funds(balances: Mapping[str, int], postings: Iterable[tuple[str, int]]
             )
 
 
-def verify_chain(entries: Iterable[Entry], *, expected_head: str | None = None) -> ChainReport:
-    """Check order, links, hashes, balance and that no non-WORLD balance ever goes negative.
+def verify_chain(
+    entries: Iterable[Entry], *, expected_head: str | None = None, public_key: str | None = None
+) -> ChainReport:
+    """Check order, links, hashes, balance and that no non-WORLD balance ever goes negative; with
+    ``public_key`` (hex Ed25519, the coordinator's that you trust) also every entry's signature.
 
     Stops at the first problem, which names the entry's seq and what is wrong.
     """
+    key = None
+    if public_key is not None:
+        key = _public_key(public_key)
+        if key is None:
+            problem = f"public key {public_key!r} is not a hex Ed25519 public key (64 hex digits)"
+            return ChainReport(ok=False, entries=0, head=GENESIS_HASH, problem=problem)
     running: dict[str, int] = {}
     head, count = GENESIS_HASH, 0
     for e in entries:
-        problem = _entry_problem(e, count + 1, head, running)
+        problem = _entry_problem(e, count + 1, head, running, key)
         if problem:
-            return ChainReport(ok=False, entries=count, head=head, problem=problem)
+            return ChainReport(ok=False, entries=count, head=head, problem=problem, public_key=public_key)
         head, count = e.hash, count + 1
     if expected_head is not None and head != expected_head:
         problem = f"head after seq {count} is {head}, expected {expected_head} (entries missing or added)"
-        return ChainReport(ok=False, entries=count, head=head, problem=problem)
-    return ChainReport(ok=True, entries=count, head=head)
+        return ChainReport(ok=False, entries=count, head=head, problem=problem, public_key=public_key)
+    return ChainReport(ok=True, entries=count, head=head, public_key=public_key)
 
 
-def _entry_problem(e: Entry, want_seq: int, prev_hash: str, running: dict[str, int]) -> str | None:
+def _public_key(hex_key: str) -> Ed25519PublicKey | None:
+    try:
+        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(hex_key))
+    except ValueError:
+        return None
+
+
+def _signature_problem(e: Entry, key: Ed25519PublicKey) -> str | None:
+    if not e.signature:
+        return "the entry is not signed"
+    try:
+        key.verify(bytes.fromhex(e.signature), signed_message(e.hash))
+    except (InvalidSignature, ValueError):
+        return "signature does not verify against the public key (signed by another key, or forged)"
+    return None
+
+
+def _entry_problem(
+    e: Entry, want_seq: int, prev_hash: str, running: dict[str, int], key: Ed25519PublicKey | None
+) -> str | None:
     """Check one entry against its predecessor; on success, apply it to ``running`` balances."""
     if e.seq != want_seq:
         return f"seq {e.seq}: bad seq order, expected seq {want_seq}"
@@ -153,8 +200,9 @@ def _entry_problem(e: Entry, want_seq: int, prev_hash: str, running: dict[str, i
     postings = tuple(e.postings)
     if e.hash != entry_hash(e.seq, e.at, e.kind, e.memo, postings, e.prev_hash):
         return f"seq {e.seq}: hash mismatch, the entry's content was changed"
-    problem = _content_problem(e.at, e.kind, postings)
-    if problem:
+    if key is not None and (problem := _signature_problem(e, key)):
+        return f"seq {e.seq}: {problem}"
+    if problem := _content_problem(e.at, e.kind, postings):
         return f"seq {e.seq}: {problem}"
     for account, amount in postings:
         running[account] = running.get(account, 0) + amount

@@ -387,10 +387,16 @@ class LedgerEntry(Message):
     postings: list[Posting]
     prev_hash: str
     hash: str
+    signature: str = Field(
+        "", description="hex Ed25519 signature by the coordinator's ledger key of the entry's hash"
+    )
 
 
 class LedgerExport(Message):
     entries: list[LedgerEntry]
+    public_key: str = Field(
+        "", description="hex Ed25519 public key that signs the entries (the coordinator's)"
+    )
 
 
 class ErrorBody(Message):

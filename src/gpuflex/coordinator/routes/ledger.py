@@ -1,4 +1,5 @@
-"""The journal, exported whole so anyone can re-verify the chain offline."""
+"""The journal, exported whole with its signatures and the coordinator's public key, so anyone can
+re-verify the chain offline."""
 
 from fastapi import APIRouter, Query
 
@@ -14,4 +15,5 @@ router = APIRouter(prefix="/ledger", tags=["ledger"])
 def export(_account: Consumer, ctx: Ctx, after: int = Query(0, ge=0)) -> m.LedgerExport:
     with ctx.tx() as s:
         entries = ledger.entries(s, after_seq=after)
-    return to_export(entries)
+        public_key = ledger.public_key(s)
+    return to_export(entries, public_key=public_key)

@@ -1,22 +1,27 @@
-"""The ledger's storage: appends journal entries and keeps balances, in the caller's transaction.
+"""The ledger's storage: appends signed journal entries and keeps balances, in the caller's transaction.
 
 The arithmetic and the hash chain are the pure ``gpuflex.ledger`` package; this module only
-serializes appends (a PostgreSQL advisory lock; SQLite's ``BEGIN IMMEDIATE`` already does) and
-refuses any posting that would leave a balance negative, so a failed check writes nothing.
+serializes appends (a PostgreSQL advisory lock; SQLite's ``BEGIN IMMEDIATE`` already does),
+refuses any posting that would leave a balance negative, so a failed check writes nothing, and
+signs each entry's hash with the coordinator's ledger key. The key rides in the session's ``info``
+(``SIGNING_KEY``; ``CoordinatorContext.tx`` puts it there), so no caller has to pass it along.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpuflex.auth.signing import NodeKey
 from gpuflex.coordinator.db import AccountBalance, JournalEntry, lock
-from gpuflex.ledger.journal import Entry, check_funds, make_entry
+from gpuflex.ledger.journal import Entry, check_funds, make_entry, signed_message
 
 _JOURNAL_LOCK_KEY = 0x6770_7566  # "gpuf": one advisory lock serializes journal appends on PostgreSQL
+SIGNING_KEY = "gpuflex.ledger_key"  # session.info key of the NodeKey that signs appended entries
 
 
 def _to_entry(row: JournalEntry) -> Entry:
@@ -28,15 +33,20 @@ def _to_entry(row: JournalEntry) -> Entry:
         postings=tuple((a, int(n)) for a, n in row.postings),
         prev_hash=row.prev_hash,
         hash=row.hash,
+        signature=row.signature,
     )
 
 
-def _balance_row(session: Session, account: str) -> AccountBalance:
-    row = session.get(AccountBalance, account, with_for_update=True)
-    if row is None:
-        row = AccountBalance(account=account, balance=0)
-        session.add(row)
-    return row
+def _signing_key(session: Session) -> NodeKey:
+    key = session.info.get(SIGNING_KEY)
+    if key is None:
+        raise RuntimeError("this session carries no ledger signing key: open it with CoordinatorContext.tx()")
+    return key
+
+
+def public_key(session: Session) -> str:
+    """The hex public key this coordinator signs the journal with: what verifiers should trust."""
+    return _signing_key(session).public_key_hex
 
 
 def balance(session: Session, account: str) -> int:
@@ -55,17 +65,25 @@ def balances_under(session: Session, prefix: str) -> dict[str, int]:
 def append(
     session: Session, *, kind: str, memo: str, postings: Sequence[tuple[str, int]], now: float
 ) -> Entry:
-    """Append one balanced entry and apply it to the balances, or raise and write nothing."""
+    """Append one balanced, signed entry and apply it to the balances, or raise and write nothing."""
+    key = _signing_key(session)
     lock(session, _JOURNAL_LOCK_KEY)
     head = session.scalars(select(JournalEntry).order_by(JournalEntry.seq.desc()).limit(1)).first()
     at = datetime.fromtimestamp(now, UTC).isoformat(timespec="microseconds")
     entry = make_entry(
         _to_entry(head) if head else None, at=at, kind=kind, memo=memo, postings=tuple(postings)
     )
-    rows = {account: _balance_row(session, account) for account, _ in entry.postings}
-    check_funds({account: row.balance for account, row in rows.items()}, entry.postings)
+    rows = {
+        account: session.get(AccountBalance, account, with_for_update=True) for account, _ in entry.postings
+    }
+    check_funds({a: row.balance for a, row in rows.items() if row is not None}, entry.postings)
     for account, amount in entry.postings:
-        rows[account].balance += amount
+        row = rows[account]
+        if row is None:
+            row = rows[account] = AccountBalance(account=account, balance=0)
+            session.add(row)
+        row.balance += amount
+    entry = replace(entry, signature=key.private_key.sign(signed_message(entry.hash)).hex())
     session.add(
         JournalEntry(
             seq=entry.seq,
@@ -75,6 +93,7 @@ def append(
             postings=[list(p) for p in entry.postings],
             prev_hash=entry.prev_hash,
             hash=entry.hash,
+            signature=entry.signature,
         )
     )
     session.flush()

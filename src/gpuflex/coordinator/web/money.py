@@ -2,7 +2,8 @@
 
 A viewer sees the entries that touch their own accounts (a consumer: its wallet and its jobs'
 escrows; a provider: its earnings account) and network-wide totals, never another consumer's lines.
-The whole journal is still re-verified on every view (``verify_chain``), so the status is real.
+The whole journal is still re-verified on every view (``verify_chain``, signatures included), so the
+status is real.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def ledger_view(session: Session, mine: dict[str, str]) -> LedgerView:
             break
     balances = [BalanceRow(a, label, ledger.balance(session, a)) for a, label in mine.items()]
     return LedgerView(
-        chain=verify_chain(journal),
+        chain=verify_chain(journal, public_key=ledger.public_key(session)),
         balances=[b for b in balances if b.micro or b.account == main],
         entries=rows,
         totals=_totals(session),

@@ -1,4 +1,5 @@
-"""``Client``: what a consumer does — sign up, fund a wallet, submit and follow jobs, audit the ledger."""
+"""``Client``: what a consumer does — sign up, fund a wallet, submit and follow jobs, audit the ledger,
+read the network's governance."""
 
 from __future__ import annotations
 
@@ -62,3 +63,18 @@ class Client:
 
     def ledger(self) -> m.LedgerExport:
         return m.LedgerExport.model_validate(self.http.request("GET", "/v1/ledger/export").json())
+
+    def proposals(self) -> list[m.ProposalInfo]:
+        return [
+            m.ProposalInfo.model_validate(p)
+            for p in self.http.request("GET", "/v1/governance/proposals").json()
+        ]
+
+    def proposal(self, proposal_id: str) -> m.ProposalDetail:
+        response = self.http.request("GET", f"/v1/governance/proposals/{proposal_id}")
+        return m.ProposalDetail.model_validate(response.json())
+
+    def parameters(self) -> list[m.ParameterInfo]:
+        """The governable parameters in force now, with the changes scheduled."""
+        response = self.http.request("GET", "/v1/governance/parameters")
+        return [m.ParameterInfo.model_validate(p) for p in response.json()]

@@ -8,7 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import select
+from typer.testing import CliRunner
 
+from gpuflex.auth.signing import NodeKey
+from gpuflex.cli.main import app
+from gpuflex.client import Client, NodeClient
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import Lease
 from gpuflex.coordinator.services import ledger
@@ -34,6 +38,18 @@ def _stake(coordinator, node, credits: float) -> None:
             postings=[(accounts.WORLD, -amount), (accounts.stake(node.key.node_id), amount)],
             now=coordinator.clock(),
         )
+
+
+def _register(client, name: str) -> m.NodeRegistered:
+    return client.register(
+        m.NodeRegister(
+            name=name,
+            public_key=client.key.public_key_hex,
+            price_per_hour=0.1,
+            hardware=m.HardwareProfile(cpu_model="test cpu", cpu_cores=2, ram_gb=4),
+            benchmark=m.BenchmarkResult(tflops_fp32=1, mem_bandwidth_gbps=10),
+        )
+    )
 
 
 def _proposal(coordinator, parameter="platform_fee_bps", value=2000, effective_in_s=VOTING_S + 10):
@@ -141,16 +157,7 @@ def test_governed_heartbeat_rules_reach_agents_and_judge_liveness(coordinator):
     reap_once(coordinator.ctx)
     assert alice.proposal(proposal.id).state == "passed"
     assert other.heartbeat([]).heartbeat_interval_s == 10
-    registered = other.register(
-        m.NodeRegister(
-            name="other",
-            public_key=other.key.public_key_hex,
-            price_per_hour=0.1,
-            hardware=m.HardwareProfile(cpu_model="test cpu", cpu_cores=2, ram_gb=4),
-            benchmark=m.BenchmarkResult(tflops_fp32=1, mem_bandwidth_gbps=10),
-        )
-    )
-    assert registered.heartbeat_interval_s == 10
+    assert _register(other, "other").heartbeat_interval_s == 10
     coordinator.clock.advance(8)  # lost after 6 s under the old rules; 30 s (10 s x 3) now
     reap_once(coordinator.ctx)
     assert {o.name: o.state for o in alice.offers()} == {"a": "online", "other": "online"}
@@ -268,3 +275,47 @@ def test_consumers_read_but_only_signed_nodes_propose_and_vote(coordinator):
         "audit_rate",
     ]
     assert alice.proposal(proposal.id).votes == []
+
+
+def test_the_cli_proposes_and_votes_as_a_provider_and_reads_as_a_consumer(coordinator, tmp_path):
+    token = Client(coordinator.url).create_account("alice").token
+    alice = Client(coordinator.url, token)
+    data_dir = tmp_path / "agent"
+    node = NodeClient(coordinator.url, NodeKey.load_or_create(data_dir / "node.key"))
+    _register(node, "cli-node")
+    _stake(coordinator, node, 50)
+    as_node = ["--data-dir", str(data_dir), "--url", coordinator.url]
+    as_alice = ["--url", coordinator.url, "--token", token]
+    runner = CliRunner()
+
+    hours = (VOTING_S + 60) / 3600
+    args = [
+        "governance",
+        "propose",
+        "audit_rate",
+        "0.1",
+        "--effective-in",
+        str(hours),
+        "--reason",
+        "audit more",
+    ]
+    result = runner.invoke(app, [*args, *as_node])
+    assert result.exit_code == 0, result.output
+    (proposal,) = alice.proposals()
+    assert (proposal.parameter, proposal.value, proposal.reason) == ("audit_rate", 0.1, "audit more")
+    assert proposal.id in result.output
+
+    result = runner.invoke(app, ["governance", "vote", proposal.id, "yes", *as_node])
+    assert result.exit_code == 0, result.output
+    assert "voted yes" in result.output and "50 credits" in result.output
+    assert alice.proposal(proposal.id).tally.yes == 50
+    result = runner.invoke(app, ["governance", "vote", proposal.id, "maybe", *as_node])
+    assert result.exit_code != 0 and "maybe" in result.output
+
+    listed = runner.invoke(app, ["governance", "proposals", *as_alice], env={"COLUMNS": "300"})
+    assert listed.exit_code == 0 and proposal.id in listed.output and "audit_rate" in listed.output
+    shown = runner.invoke(app, ["governance", "parameters", *as_alice], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0 and "platform_fee_bps" in shown.output and "1000 bps" in shown.output
+
+    missing = runner.invoke(app, ["governance", "vote", proposal.id, "no", "--data-dir", str(tmp_path / "x")])
+    assert missing.exit_code != 0 and "no node key at" in str(missing.exception)

@@ -9,6 +9,7 @@ clock, so the coordinator (which stores entries) and the simulator call the very
 - ``export``      the journal on the wire (``LedgerExport``) and verifying an export offline
 - ``metering``    lease seconds x price -> micro-credits, rounded down
 - ``settlement``  one entry's postings that empty a job's escrow into providers, fees and refund
+- ``governance``  the parameters stake may change, their ranges, and the stake-weighted tally
 """
 
 from gpuflex.ledger.accounts import (

@@ -63,7 +63,9 @@ def propose(
     param = rules.parameter(msg.parameter)
     value = param.check(msg.value)
     need, have = to_micro(settings.governance_proposal_stake), _stake(session, node.id)
-    if have <= 0 or have < need:
+    if have <= 0:
+        raise Forbidden(f"node {node.id} has no stake: only staked nodes propose")
+    if have < need:
         raise Forbidden(
             f"proposing needs {to_credits(need):g} credits of stake; node {node.id} has {to_credits(have):g}"
         )

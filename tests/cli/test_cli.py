@@ -41,6 +41,10 @@ def test_every_documented_command_exists():
         ("job", "watch"),
         ("provider", "dashboard"),
         ("train", "local"),
+        ("governance", "propose"),
+        ("governance", "vote"),
+        ("governance", "proposals"),
+        ("governance", "parameters"),
     }
     assert expected <= set(ALL_COMMANDS)
 

@@ -90,6 +90,7 @@ def coordinator(database_url, tmp_path):
         max_blob_bytes=256 * 1024,
         reaper_interval_s=3600,
         platform_fee_bps=1000,
+        governance_voting_period_s=10,  # short: a node's signature outlives no more than a minute of clock
     )
     engine = make_engine(database_url)
     clock = Clock()

@@ -12,6 +12,7 @@ from gpuflex.auth.signing import node_id_for
 from gpuflex.client import Client
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import Node
+from gpuflex.coordinator.services import registry
 from gpuflex.errors import BadRequest
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
@@ -129,8 +130,11 @@ def test_reliability_counts_heartbeats_and_stops_counting_once_a_node_leaves(coo
         leaver.heartbeat([])
     leaver.leave()
     before = {o.name: o.reliability for o in alice.offers()}
-    assert before["steady"] == pytest.approx((15 + 9) / (15 + 10) * 0.75, abs=0.01)
-    assert before["silent"] == pytest.approx(9 / (15 + 10) * 0.75, abs=0.01)
+    with coordinator.ctx.tx() as s:  # the clock is real time plus 30 s: the test's own seconds count too
+        expected = {n.name: registry.presence_s(n, coordinator.ctx.now()) / 2 for n in registry.all_nodes(s)}
+    assert 15 <= expected["steady"] < 18  # heartbeats due: 15, plus the test's own time
+    assert before["steady"] == pytest.approx((15 + 9) / (expected["steady"] + 10) * 0.75, abs=0.005)
+    assert before["silent"] == pytest.approx(9 / (expected["silent"] + 10) * 0.75, abs=0.005)
     coordinator.clock.advance(20)
     after = {o.name: o.reliability for o in alice.offers()}
     assert after["silent"] < before["silent"] and after["steady"] < before["steady"]

@@ -8,5 +8,6 @@
 - ``jobs``         ``submit``, ``jobs``, ``job show | logs | cancel | fetch | watch | report``, ``offers``
 - ``watch``        the live Rich view of a running job; ``report`` its PNG loss curve and cost table
 - ``ledger``       ``ledger export | verify`` (hashes, chain, balances and signatures, offline)
+- ``governance``   ``governance propose | vote`` (as a provider node), ``proposals | parameters``
 - ``demo``         ``demo``: the whole network on this machine
 """

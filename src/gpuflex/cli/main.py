@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gpuflex.cli import account, coordinator, demo, jobs, ledger, provider, train
+from gpuflex.cli import account, coordinator, demo, governance, jobs, ledger, provider, train
 from gpuflex.errors import GPUFlexError
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ app.add_typer(jobs.job_app, name="job")
 app.command("offers")(jobs.offers)
 app.add_typer(ledger.ledger_app, name="ledger")
 app.add_typer(train.train_app, name="train")
+app.add_typer(governance.governance_app, name="governance")
 
 
 def main() -> None:

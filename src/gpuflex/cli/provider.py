@@ -1,4 +1,7 @@
-"""``gpuflex provider start``: offer this machine's GPU (or CPU) on the market; ``provider dashboard``."""
+"""``gpuflex provider start``: offer this machine's GPU (or CPU) on the market; ``provider dashboard``.
+
+``node_key`` finds a provider's key for every command that acts as the node (``governance propose``...).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ from typing import Annotated
 
 import typer
 
+from gpuflex.auth.signing import NodeKey
 from gpuflex.cli.profile import resolve_url
+from gpuflex.errors import NotFound
 from gpuflex.jsonlog import LogFormat
 
 provider_app = typer.Typer(help="Offer this machine's compute.", no_args_is_help=True)
@@ -21,6 +26,14 @@ DataDir = Annotated[Path | None, typer.Option(help="key and task work dirs [defa
 
 def _data_dir(data_dir: Path | None, name: str) -> Path:
     return data_dir or Path.home() / ".gpuflex" / "agent" / name
+
+
+def node_key(name: str | None, data_dir: Path | None) -> NodeKey:
+    """The key of the provider started with this ``--name`` / ``--data-dir``, for commands that act as it."""
+    key_file = _data_dir(data_dir, name or socket.gethostname()) / "node.key"
+    if not key_file.exists():
+        raise NotFound(f"no node key at {key_file}: pass the --data-dir the provider runs with")
+    return NodeKey.load_or_create(key_file)
 
 
 @provider_app.command("start")
@@ -89,15 +102,10 @@ def dashboard(
     url: Annotated[str | None, typer.Option(help="coordinator URL [env GPUFLEX_URL]")] = None,
 ) -> None:
     """Print a short-lived link that signs this node in to its earnings page on the dashboard."""
-    from gpuflex.auth.signing import NodeKey
     from gpuflex.client.http import HttpSession
-    from gpuflex.errors import NotFound
 
-    key_file = _data_dir(data_dir, name or socket.gethostname()) / "node.key"
-    if not key_file.exists():
-        raise NotFound(f"no node key at {key_file}: pass the --data-dir the provider runs with")
     base = resolve_url(url).rstrip("/")
-    session = HttpSession(base, sign=NodeKey.load_or_create(key_file).sign_request)
+    session = HttpSession(base, sign=node_key(name, data_dir).sign_request)
     try:
         link = session.request("POST", "/v1/nodes/dashboard-token").json()
     finally:

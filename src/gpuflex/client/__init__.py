@@ -1,8 +1,8 @@
 """The SDK: the one way CLI, agent and task subprocesses reach the coordinator (HTTP).
 
 - ``http``      the shared HTTP session: base URL, timeouts, retries, errors as ``gpuflex.errors``
-- ``consumer``  ``Client``: accounts, wallet, jobs, offers, ledger (API token)
-- ``node``      ``NodeClient``: register, heartbeat, lease, report (Ed25519-signed)
+- ``consumer``  ``Client``: accounts, wallet, jobs, offers, ledger, governance reads (API token)
+- ``node``      ``NodeClient``: register, heartbeat, lease, report, propose and vote (Ed25519-signed)
 - ``task``      ``TaskClient``: the round protocol for a task subprocess (lease-scoped token);
                 it satisfies ``gpuflex.train.transport.Transport`` by shape, without importing it
 """

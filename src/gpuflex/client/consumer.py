@@ -1,5 +1,5 @@
-"""``Client``: what a consumer does — sign up, fund a wallet, submit and follow jobs, audit the ledger;
-with the operator's token, it also passes verdicts (``slash``)."""
+"""``Client``: what a consumer does — sign up, fund a wallet, submit and follow jobs, audit the ledger,
+read the network's governance; with the operator's token, it also passes verdicts (``slash``)."""
 
 from __future__ import annotations
 
@@ -81,3 +81,18 @@ class Client:
         """A verdict (the operator's token only): take a node's stake, and its held pay for a job."""
         response = self.http.request("POST", "/v1/slashes", json=msg.model_dump())
         return m.SlashRecord.model_validate(response.json())
+
+    def proposals(self) -> list[m.ProposalInfo]:
+        return [
+            m.ProposalInfo.model_validate(p)
+            for p in self.http.request("GET", "/v1/governance/proposals").json()
+        ]
+
+    def proposal(self, proposal_id: str) -> m.ProposalDetail:
+        response = self.http.request("GET", f"/v1/governance/proposals/{proposal_id}")
+        return m.ProposalDetail.model_validate(response.json())
+
+    def parameters(self) -> list[m.ParameterInfo]:
+        """The governable parameters in force now, with the changes scheduled."""
+        response = self.http.request("GET", "/v1/governance/parameters")
+        return [m.ParameterInfo.model_validate(p) for p in response.json()]

@@ -50,3 +50,16 @@ class NodeClient:
     def _move(self, action: str, body: m.Message) -> m.NodeWallet:
         response = self.http.request("POST", f"/v1/nodes/{action}", json=body.model_dump())
         return m.NodeWallet.model_validate(response.json())
+
+    def propose(self, msg: m.ProposalCreate) -> m.ProposalInfo:
+        """Propose a new value for a network parameter, as this node (it needs stake)."""
+        body = msg.model_dump(mode="json")
+        return m.ProposalInfo.model_validate(
+            self.http.request("POST", "/v1/governance/proposals", json=body).json()
+        )
+
+    def vote(self, proposal_id: str, choice: m.VoteChoice) -> m.VoteInfo:
+        """Vote with this node's stake; votes are final."""
+        body = m.VoteCast(choice=choice).model_dump()
+        path = f"/v1/governance/proposals/{proposal_id}/votes"
+        return m.VoteInfo.model_validate(self.http.request("POST", path, json=body).json())

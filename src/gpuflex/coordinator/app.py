@@ -23,14 +23,24 @@ from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.coordinator.limits import BodySizeLimit
 from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
 from gpuflex.coordinator.metrics import router as metrics_router
-from gpuflex.coordinator.routes import accounts, blobs, jobs, ledger, market, nodes, operator, tasks
+from gpuflex.coordinator.routes import (
+    accounts,
+    blobs,
+    governance,
+    jobs,
+    ledger,
+    market,
+    nodes,
+    operator,
+    tasks,
+)
+from gpuflex.coordinator.services import governance as governance_service
 from gpuflex.coordinator.services import jobs as job_service
 from gpuflex.coordinator.services import leases, payouts, registry
 from gpuflex.coordinator.services import market as market_service
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import GPUFlexError
 from gpuflex.protocol.messages import API_VERSION
-from gpuflex.protocol.money import to_micro
 from gpuflex.storage import LocalBlobStore
 
 log = logging.getLogger("gpuflex.coordinator")
@@ -46,8 +56,8 @@ def _expired(expired: list, metrics: CoordinatorMetrics | None) -> None:
 
 def _find_lost(s: Session, ctx: CoordinatorContext, now: float, metrics: CoordinatorMetrics | None) -> None:
     """Mark silent nodes lost and end their leases at once, so their tasks are re-leased now."""
-    silence = ctx.settings.node_lost_after_s
-    for node in registry.mark_lost(s, ctx.settings, now):
+    silence = governance_service.liveness(s, ctx.settings, now).lost_after_s
+    for node in registry.mark_lost(s, silence, now):
         log.info("node lost", extra={"node_id": node.id})
         why = f"lost (no heartbeat for {now - node.last_heartbeat_at:.1f}s, limit {silence:g}s)"
         _expired(leases.expire_for_node(s, node.id, now, why), metrics)
@@ -66,11 +76,12 @@ def reap_once(
         lambda s, now: _expired(leases.expire(s, now), metrics),
     )
     duties = (
+        lambda s, now: governance_service.tally_due(s, ctx.settings, now),
         *(liveness if judge_liveness else ()),
-        lambda s, now: job_service.enforce_limits(s, now, fee_bps=ctx.settings.platform_fee_bps),
-        lambda s, now: market_service.place_pending(
-            s, now, ctx.settings.heartbeat_interval_s, min_stake=to_micro(ctx.settings.min_stake)
+        lambda s, now: job_service.enforce_limits(
+            s, now, fee_bps=governance_service.platform_fee_bps(s, ctx.settings, now)
         ),
+        lambda s, now: market_service.place_pending(s, ctx.settings, now),
         lambda s, now: payouts.release_due(s, now, audit_window_s=ctx.settings.audit_window_s),
         lambda s, now: registry.prune_nonces(s, ctx.settings, now),
     )
@@ -82,11 +93,22 @@ def reap_once(
             log.exception("reaper duty failed; it runs again next pass")
 
 
+def _past_start_grace(ctx: CoordinatorContext, started: float) -> bool:
+    """Has every node had time to beat since this replica started, under the heartbeat rules in force?"""
+    try:
+        with ctx.tx() as s:
+            rules = governance_service.liveness(s, ctx.settings, ctx.now())
+    except Exception:
+        log.exception("reading the heartbeat rules failed; judging nobody lost this pass")
+        return False
+    return ctx.now() - started >= rules.lost_after_s + rules.interval_s
+
+
 async def _reaper(ctx: CoordinatorContext, metrics: CoordinatorMetrics) -> None:
-    started = ctx.now()
-    grace = ctx.settings.node_lost_after_s + ctx.settings.heartbeat_interval_s
+    started, judging = ctx.now(), False
     while True:
-        await run_in_threadpool(reap_once, ctx, metrics, judge_liveness=ctx.now() - started >= grace)
+        judging = judging or await run_in_threadpool(_past_start_grace, ctx, started)
+        await run_in_threadpool(reap_once, ctx, metrics, judge_liveness=judging)
         await asyncio.sleep(ctx.settings.reaper_interval_s)
 
 
@@ -148,7 +170,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     app.state.ctx = ctx
     app.state.metrics = metrics
     api = APIRouter(prefix=f"/{API_VERSION}")
-    for module in (accounts, jobs, nodes, tasks, blobs, market, ledger, operator):
+    for module in (accounts, jobs, nodes, tasks, blobs, market, ledger, governance, operator):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(metrics_router)

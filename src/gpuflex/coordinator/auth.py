@@ -96,9 +96,20 @@ async def blob_writer(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
     return await blob_reader(request, ctx, signed)
 
 
+async def consumer_or_node(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
+    """Who reads the network's public record (governance): an account or a node, by its id."""
+    token = _bearer(request)
+    if token and token.startswith(API_PREFIX):
+        return (await run_in_threadpool(current_account, request, ctx)).id
+    if HEADER_SIGNATURE in request.headers:
+        return (await current_node(signed, ctx)).id
+    raise Unauthorized("this endpoint needs an API token or a node signature")
+
+
 Consumer = Annotated[Account, Depends(current_account)]
 Operator = Depends(operator)
 SignedNode = Annotated[Node, Depends(current_node)]
 TaskLease = Annotated[Lease, Depends(current_task)]
 BlobReader = Annotated[str, Depends(blob_reader)]
 BlobWriter = Annotated[str, Depends(blob_writer)]
+ConsumerOrNode = Annotated[str, Depends(consumer_or_node)]

@@ -203,6 +203,36 @@ class Slash(Base):
     at: Mapped[float] = mapped_column(Float)
 
 
+class Proposal(Base):
+    """A proposed new value of a network parameter, open for stake-weighted votes until ``closes_at``."""
+
+    __tablename__ = "proposals"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    proposer_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    parameter: Mapped[str] = mapped_column(String(64), index=True)
+    value: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    closes_at: Mapped[float] = mapped_column(Float, index=True)
+    effective_at: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(16), index=True)  # open | passed | rejected
+    tallied_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    total_stake: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # at the tally, micro-credits
+
+
+class Vote(Base):
+    """One node's vote on one proposal, weighing the node's stake when it voted (micro-credits)."""
+
+    __tablename__ = "votes"
+    __table_args__ = (UniqueConstraint("proposal_id", "node_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    proposal_id: Mapped[str] = mapped_column(ForeignKey("proposals.id"))
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"))
+    choice: Mapped[str] = mapped_column(String(8))  # yes | no | abstain
+    weight: Mapped[int] = mapped_column(BigInteger)
+    at: Mapped[float] = mapped_column(Float)
+
+
 Index("ix_leases_active_task", Lease.task_id, Lease.state)
 # The database itself refuses a second live lease of one task, whatever a replica's code does.
 Index(

@@ -29,7 +29,17 @@ class CoordinatorSettings(BaseSettings):
     audit_window_s: float = Field(
         600.0, ge=0, description="a job's pay is held this long after it ends, so an audit can still stop it"
     )
-    min_stake: float = Field(0.0, ge=0, description="credits a community node must stake to be given work")
+    # platform_fee_bps, heartbeat_interval_s, heartbeat_misses, min_stake and audit_rate are only defaults:
+    # stake may vote other values into force, so read them through ``services.governance``.
+    min_stake: float = Field(0.0, ge=0, description="credits a community node must stake to take work")
+    audit_rate: float = Field(0.0, ge=0, le=1, description="fraction of contributions audited")
+    governance_quorum: float = Field(
+        0.4, gt=0, le=1, description="fraction of all stake that must vote for a proposal to count"
+    )
+    governance_voting_period_s: float = Field(3 * 24 * 3600.0, gt=0, description="how long votes are open")
+    governance_proposal_stake: float = Field(
+        10.0, ge=0, description="credits of stake a node needs to make a proposal"
+    )
     core_token: str | None = Field(None, description="operator secret to register core nodes")
     operator_token: str | None = Field(
         None, description="the operator's API token (slashing); default: made once and kept in data_dir"
@@ -66,15 +76,6 @@ class CoordinatorSettings(BaseSettings):
     @property
     def blob_dir(self) -> Path:
         return self.data_dir / "blobs"
-
-    @property
-    def node_lost_after_s(self) -> float:
-        return self.heartbeat_interval_s * self.heartbeat_misses
-
-    @property
-    def node_suspect_after_s(self) -> float:
-        """A node that missed a heartbeat is suspected: rounds stop waiting for it, it is not lost yet."""
-        return min(2 * self.heartbeat_interval_s, self.node_lost_after_s)
 
     def resolved_core_token(self) -> str:
         """The operator's core token: the setting, else one made once and kept in data_dir."""

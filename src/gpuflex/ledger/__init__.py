@@ -11,6 +11,7 @@ clock, so the coordinator (which stores entries) and the simulator call the very
                   verifying an export offline, against the key it names or one you pin
 - ``metering``    lease seconds x price -> micro-credits, rounded down
 - ``settlement``  one entry's postings that empty a job's escrow into providers, fees and refund
+- ``governance``  the parameters stake may change, their ranges, and the stake-weighted tally
 """
 
 from gpuflex.ledger.accounts import (

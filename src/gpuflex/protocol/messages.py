@@ -10,7 +10,7 @@ import math
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt
 
 from gpuflex.protocol.spec import JobSpec, TrainingSpec
 
@@ -397,6 +397,80 @@ class LedgerExport(Message):
     public_key: str = Field(
         "", description="hex Ed25519 public key that signs the entries (the coordinator's)"
     )
+
+
+# -- governance (stake-weighted votes on network parameters) ---------------------------------
+
+VoteChoice = Literal["yes", "no", "abstain"]
+ProposalState = Literal["open", "passed", "rejected"]
+
+
+class ProposalCreate(Message):
+    """Signed by the proposing node. ``effective_at`` must fall after its voting period closes."""
+
+    parameter: Annotated[str, Field(min_length=1, max_length=64, description="GET /v1/governance/parameters")]
+    value: StrictInt | StrictFloat
+    effective_at: AwareDatetime
+    reason: Annotated[str, Field(min_length=1, max_length=1000)]
+
+
+class VoteCast(Message):
+    choice: VoteChoice
+
+
+class VoteInfo(Message):
+    proposal_id: str
+    node_id: str
+    choice: VoteChoice
+    weight: float = Field(description="credits: the voter's stake when it voted")
+    at: datetime
+
+
+class TallyInfo(Message):
+    """Stake in credits. Abstaining counts toward the quorum only; yes must beat no."""
+
+    yes: float
+    no: float
+    abstain: float
+    total_stake: float = Field(description="all stake: now while open, at the tally once closed")
+    quorum: float = Field(description="fraction of all stake that must vote")
+    quorum_met: bool
+    passed: bool
+
+
+class ProposalInfo(Message):
+    id: str
+    proposer: str = Field(description="the proposing node's id")
+    parameter: str
+    value: StrictInt | StrictFloat
+    reason: str
+    created_at: datetime
+    closes_at: datetime
+    effective_at: datetime
+    state: ProposalState
+    tallied_at: datetime | None = None
+
+
+class ProposalDetail(ProposalInfo):
+    tally: TallyInfo
+    votes: list[VoteInfo]
+
+
+class ScheduledChange(Message):
+    proposal_id: str
+    value: StrictInt | StrictFloat
+    effective_at: datetime
+
+
+class ParameterInfo(Message):
+    name: str
+    value: StrictInt | StrictFloat = Field(description="the value in force now")
+    source: str = Field(description="'setting', or the id of the passed proposal that set it")
+    unit: str
+    minimum: float
+    maximum: float | None
+    description: str
+    scheduled: list[ScheduledChange] = Field(default_factory=list, description="passed, not yet in force")
 
 
 class ErrorBody(Message):

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.coordinator.services import jobs
+from gpuflex.coordinator.services import governance, jobs
 from gpuflex.errors import Conflict
 from gpuflex.protocol import messages as m
 
@@ -39,7 +39,8 @@ def show(job_id: str, account: Consumer, ctx: Ctx) -> m.JobDetail:
 @router.post("/{job_id}/cancel")
 def cancel(job_id: str, account: Consumer, ctx: Ctx) -> m.JobInfo:
     with ctx.tx() as s:
-        job = jobs.cancel(s, account, job_id, ctx.now(), fee_bps=ctx.settings.platform_fee_bps)
+        fee_bps = governance.platform_fee_bps(s, ctx.settings, ctx.now())
+        job = jobs.cancel(s, account, job_id, ctx.now(), fee_bps=fee_bps)
         info = jobs.info(s, job, ctx.now())
     log.info("job cancelled", extra={"job_id": job_id})
     return info

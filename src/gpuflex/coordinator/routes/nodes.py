@@ -9,7 +9,7 @@ from gpuflex.auth.signing import HEADER_NODE, node_id_for
 from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.coordinator.services import leases, registry, stakes
+from gpuflex.coordinator.services import governance, leases, registry, stakes
 from gpuflex.coordinator.web import tokens
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
@@ -23,19 +23,18 @@ log = logging.getLogger("gpuflex.coordinator")
 async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.NodeRegistered:
     """Join or re-join: signed with the very key being registered. Re-joining ends old leases."""
 
-    def run() -> Node:
+    def run() -> tuple[Node, float]:
         with ctx.tx() as s:
             node_id = node_id_for(body.public_key)
             registry.check_signature(s, body.public_key, node_id, signed, ctx.settings, ctx.now())
             leases.expire_for_node(s, node_id, ctx.now(), "restarted (registered again)")
-            return registry.register(s, body, ctx.settings, ctx.now())
+            node = registry.register(s, body, ctx.settings, ctx.now())
+            return node, governance.liveness(s, ctx.settings, ctx.now()).interval_s
 
-    node = await run_in_threadpool(run)
+    node, interval_s = await run_in_threadpool(run)
     log.info("node registered", extra={"node_id": node.id, "kind": node.kind})
     return m.NodeRegistered(
-        node_id=node.id,
-        heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
-        lease_ttl_s=ctx.settings.lease_ttl_s,
+        node_id=node.id, heartbeat_interval_s=interval_s, lease_ttl_s=ctx.settings.lease_ttl_s
     )
 
 
@@ -45,8 +44,9 @@ def heartbeat(body: m.Heartbeat, node: SignedNode, ctx: Ctx, metrics: Metrics) -
         row = s.get(Node, node.id)
         registry.beat(row, ctx.now())
         revoked = leases.renew(s, row, body.leases, ctx.settings, ctx.now())
+        interval_s = governance.liveness(s, ctx.settings, ctx.now()).interval_s
     metrics.heartbeats.inc()
-    return m.HeartbeatAck(heartbeat_interval_s=ctx.settings.heartbeat_interval_s, revoked=revoked)
+    return m.HeartbeatAck(heartbeat_interval_s=interval_s, revoked=revoked)
 
 
 @router.post("/lease", responses={204: {"description": "no task for this node now"}})

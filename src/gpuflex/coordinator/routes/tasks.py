@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Response
 from gpuflex.coordinator.auth import Ctx, TaskLease
 from gpuflex.coordinator.db import JobEvent
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.coordinator.services import rounds
+from gpuflex.coordinator.services import governance, rounds
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/task", tags=["tasks"])
@@ -38,15 +38,15 @@ def contribute(body: m.ContributionSubmit, lease: TaskLease, ctx: Ctx) -> dict[s
 @router.get("/contributions")
 def contributions(lease: TaskLease, ctx: Ctx, round: int = Query(ge=0)) -> m.ContributionList:
     with ctx.tx() as s:
-        return rounds.contributions(
-            s, lease, round, heard_since=ctx.now() - ctx.settings.node_suspect_after_s
-        )
+        suspect_after_s = governance.liveness(s, ctx.settings, ctx.now()).suspect_after_s
+        return rounds.contributions(s, lease, round, heard_since=ctx.now() - suspect_after_s)
 
 
 @router.post("/rounds")
 def publish(body: m.RoundPublish, lease: TaskLease, ctx: Ctx, metrics: Metrics) -> dict[str, str]:
     with ctx.tx() as s:
-        rounds.publish(s, lease, body, ctx.blobs, ctx.now(), fee_bps=ctx.settings.platform_fee_bps)
+        fee_bps = governance.platform_fee_bps(s, ctx.settings, ctx.now())
+        rounds.publish(s, lease, body, ctx.blobs, ctx.now(), fee_bps=fee_bps)
     metrics.rounds_published.inc()
     ids = {"job_id": lease.job_id, "node_id": lease.node_id, "round": body.round}
     logger.info("round published", extra=ids)

@@ -1,5 +1,5 @@
 """The coordinator's services, one noun each. Functions take a session and ``now``; routes own transactions.
 
 Dependencies run one way: ``ledger`` <- ``accounts``; ``market`` <- ``leases`` <- ``jobs`` <- ``rounds``;
-``registry`` stands alone.
+``ledger`` <- ``governance`` (proposals, votes, and the parameters in force); ``registry`` stands alone.
 """

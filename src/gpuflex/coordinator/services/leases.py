@@ -18,7 +18,6 @@ from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Conflict, Forbidden, NotFound, Unauthorized
 from gpuflex.ledger.metering import lease_cost_micro
 from gpuflex.protocol.messages import LeaseGrant, LeaseHeld, LeaseReport, TaskConfig
-from gpuflex.protocol.money import to_micro
 from gpuflex.protocol.spec import JobSpec
 
 
@@ -43,7 +42,7 @@ def grant(session: Session, node: Node, settings: CoordinatorSettings, now: floa
     """Lease the next task placed on this node, if any."""
     if session.scalars(select(Lease.id).where(Lease.node_id == node.id, Lease.state == "active")).first():
         return None
-    market.place_pending(session, now, settings.heartbeat_interval_s, min_stake=to_micro(settings.min_stake))
+    market.place_pending(session, settings, now)
     task = session.scalars(
         select(Task).where(Task.node_id == node.id, Task.state == "pending").order_by(Task.role)
     ).first()

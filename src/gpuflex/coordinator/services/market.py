@@ -21,7 +21,8 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, try_lock
-from gpuflex.coordinator.services import ledger, registry
+from gpuflex.coordinator.services import governance, ledger, registry
+from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.ledger import accounts
 from gpuflex.market import pricing, reputation
 from gpuflex.market.matching import (
@@ -141,11 +142,11 @@ def unplace_from_gone_nodes(session: Session, now: float) -> None:
     )
 
 
-def place_pending(session: Session, now: float, heartbeat_interval_s: float, *, min_stake: int = 0) -> int:
+def place_pending(session: Session, settings: CoordinatorSettings, now: float) -> int:
     """Place every unplaced pending task on a free, qualifying node; returns how many were placed.
 
-    A community node qualifies only with at least ``min_stake`` micro-credits staked; core nodes
-    are the operator's own and stake nothing.
+    A community node qualifies only with the stake that ``min_stake`` (a governed parameter) asks;
+    core nodes are the operator's own and stake nothing.
 
     Placement reads the whole market, so one coordinator replica places at a time; another that
     finds the lock taken skips its turn (the holder is placing the same tasks).
@@ -165,8 +166,9 @@ def place_pending(session: Session, now: float, heartbeat_interval_s: float, *, 
         return 0
     online = registry.online(session)
     ends = lease_ends(session, [n.id for n in online])
-    scores = reliabilities(online, ends, now, heartbeat_interval_s)
+    scores = reliabilities(online, ends, now, governance.liveness(session, settings, now).interval_s)
     offers = [offer_of(n, now, scores[n.id]) for n in online]
+    min_stake = to_micro(governance.parameter(session, "min_stake", settings, now))
     if min_stake > 0:
         bonded = ledger.balances_under(session, accounts.STAKES)
         offers = [o for o in offers if o.kind == "core" or bonded.get(o.node_id, 0) >= min_stake]

@@ -106,9 +106,9 @@ def hours_left(node: Node, now: float) -> float | None:
     return None if node.available_until is None else max(0.0, node.available_until - now) / 3600
 
 
-def mark_lost(session: Session, settings: CoordinatorSettings, now: float) -> list[Node]:
-    """Nodes silent for more than ``heartbeat_misses`` intervals are lost."""
-    deadline = now - settings.node_lost_after_s
+def mark_lost(session: Session, lost_after_s: float, now: float) -> list[Node]:
+    """Nodes silent for more than ``lost_after_s`` (``heartbeat_misses`` intervals) are lost."""
+    deadline = now - lost_after_s
     silent = select(Node).where(Node.state == "online", Node.last_heartbeat_at < deadline)
     lost = list(session.scalars(silent.with_for_update(skip_locked=True)))
     for node in lost:

@@ -45,6 +45,12 @@ def test_every_documented_command_exists():
         ("governance", "vote"),
         ("governance", "proposals"),
         ("governance", "parameters"),
+        ("provider", "wallet"),
+        ("provider", "stake"),
+        ("provider", "unstake"),
+        ("provider", "withdraw"),
+        ("operator", "slash"),
+        ("slashes",),
     }
     assert expected <= set(ALL_COMMANDS)
 

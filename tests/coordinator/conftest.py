@@ -47,8 +47,9 @@ class Harness:
         region: str = "local",
         gpu: m.GpuInfo | None = None,
         available_hours: float | None = None,
+        key: NodeKey | None = None,
     ) -> NodeClient:
-        key = NodeKey.generate()
+        key = key or NodeKey.generate()
         client = NodeClient(self.url, key)
         hardware = m.HardwareProfile(
             cpu_model="test cpu",

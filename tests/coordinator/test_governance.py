@@ -15,29 +15,18 @@ from gpuflex.cli.main import app
 from gpuflex.client import Client, NodeClient
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import Lease
-from gpuflex.coordinator.services import ledger
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound, SpecError, Unauthorized
 from gpuflex.ledger import accounts
 from gpuflex.ledger.export import from_export
 from gpuflex.ledger.journal import verify_chain
 from gpuflex.protocol import messages as m
-from gpuflex.protocol.money import to_micro
 from gpuflex.protocol.spec import JobSpec
 
 VOTING_S = 10  # the fixture's governance_voting_period_s
 
 
-def _stake(coordinator, node, credits: float) -> None:
-    """Bond stake straight in the ledger (the stake endpoints are another change)."""
-    amount = to_micro(credits)
-    with coordinator.ctx.tx() as s:
-        ledger.append(
-            s,
-            kind="stake",
-            memo=f"test stake of {node.key.node_id}",
-            postings=[(accounts.WORLD, -amount), (accounts.stake(node.key.node_id), amount)],
-            now=coordinator.clock(),
-        )
+def _stake(node, credits: float) -> None:
+    node.stake(credits)
 
 
 def _register(client, name: str) -> m.NodeRegistered:
@@ -62,7 +51,7 @@ def _staked_nodes(coordinator, **stakes):
     nodes = {}
     for name, credits in stakes.items():
         nodes[name] = coordinator.node(name, core=name == "core", price=100 if name == "idle" else 36)
-        _stake(coordinator, nodes[name], credits)
+        _stake(nodes[name], credits)
     return nodes
 
 
@@ -283,7 +272,7 @@ def test_the_cli_proposes_and_votes_as_a_provider_and_reads_as_a_consumer(coordi
     data_dir = tmp_path / "agent"
     node = NodeClient(coordinator.url, NodeKey.load_or_create(data_dir / "node.key"))
     _register(node, "cli-node")
-    _stake(coordinator, node, 50)
+    _stake(node, 50)
     as_node = ["--data-dir", str(data_dir), "--url", coordinator.url]
     as_alice = ["--url", coordinator.url, "--token", token]
     runner = CliRunner()
@@ -319,3 +308,14 @@ def test_the_cli_proposes_and_votes_as_a_provider_and_reads_as_a_consumer(coordi
 
     missing = runner.invoke(app, ["governance", "vote", proposal.id, "no", "--data-dir", str(tmp_path / "x")])
     assert missing.exit_code != 0 and "no node key at" in str(missing.exception)
+
+
+def test_a_node_cannot_unstake_while_its_vote_is_still_open(coordinator):
+    voter = _staked_nodes(coordinator, voter=20)["voter"]
+    proposal = voter.propose(_proposal(coordinator))
+    voter.vote(proposal.id, "yes")
+    with pytest.raises(Conflict, match="vote still open"):
+        voter.unstake(5)  # moved to another node, the same stake could vote twice
+    coordinator.clock.advance(VOTING_S + 1)
+    reap_once(coordinator.ctx)
+    assert voter.unstake(5).stake == 15

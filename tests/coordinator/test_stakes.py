@@ -2,8 +2,10 @@
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
-from gpuflex.auth.signing import node_id_for
+from gpuflex.auth.signing import NodeKey, node_id_for
+from gpuflex.cli.main import app
 from gpuflex.client import Client
 from gpuflex.coordinator.app import reap_once
 from gpuflex.errors import Conflict, Forbidden, InsufficientFunds, NotFound, Unauthorized
@@ -181,3 +183,32 @@ def test_node_money_calls_need_the_nodes_signature(coordinator):
         response = httpx.post(coordinator.url + path, json={"amount": 1})
         assert response.status_code == 401, path
     assert coordinator.http.get("/v1/nodes/wallet").status_code == 401
+
+
+def test_the_cli_moves_a_nodes_money_as_the_node_and_slashes_with_the_operators_token(coordinator, tmp_path):
+    token = Client(coordinator.url).create_account("alice").token
+    key_dir = tmp_path / "agent"
+    node = coordinator.node("cli-node", key=NodeKey.load_or_create(key_dir / "node.key"))
+    as_node = ["--data-dir", str(key_dir), "--url", coordinator.url]
+    runner = CliRunner()
+
+    staked = runner.invoke(app, ["provider", "stake", "3", *as_node])
+    assert staked.exit_code == 0, staked.output
+    assert "stake 3.000000" in staked.output
+    unstaked = runner.invoke(app, ["provider", "unstake", "1", *as_node])
+    assert "earnings 1.000000" in unstaked.output and "stake 2.000000" in unstaked.output
+    assert "earnings 0.000000" in runner.invoke(app, ["provider", "withdraw", "1", *as_node]).output
+    broke = runner.invoke(app, ["provider", "withdraw", "1", *as_node])
+    assert broke.exit_code != 0 and "holds 0.000000 credits" in str(broke.exception)
+
+    evidence = ["--evidence", "replayed a stale update"]
+    slash = ["operator", "slash", _id(node), "1.5", *evidence, "--url", coordinator.url]
+    refused = runner.invoke(app, slash, env={"GPUFLEX_OPERATOR_TOKEN": ""})
+    assert refused.exit_code != 0 and "operator token" in str(refused.exception)
+    operator_token = coordinator.ctx.settings.resolved_operator_token()
+    done = runner.invoke(app, slash, env={"GPUFLEX_OPERATOR_TOKEN": operator_token})
+    assert done.exit_code == 0 and "1.500000 credits of stake taken" in done.output
+    assert "slashed 1.500000" in runner.invoke(app, ["provider", "wallet", *as_node]).output
+    as_alice = ["--url", coordinator.url, "--token", token]
+    listed = runner.invoke(app, ["slashes", *as_alice], env={"COLUMNS": "300"})
+    assert listed.exit_code == 0 and "replayed a stale update" in listed.output

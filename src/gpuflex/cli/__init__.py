@@ -4,10 +4,13 @@
 - ``profile``      where the CLI finds the coordinator URL and the API token
 - ``coordinator``  ``coordinator serve | migrate``
 - ``provider``     ``provider start | dashboard``
+- ``node_wallet``  ``provider wallet | stake | unstake | withdraw`` (as the node)
 - ``account``      ``account create``, ``wallet deposit | balance``
-- ``jobs``         ``submit``, ``jobs``, ``job show | logs | cancel | fetch | watch | report``, ``offers``
+- ``jobs``         ``submit``, ``quote``, ``jobs``, ``job show | logs | cancel | fetch | watch | report``,
+                   ``offers``
 - ``watch``        the live Rich view of a running job; ``report`` its PNG loss curve and cost table
 - ``ledger``       ``ledger export | verify`` (hashes, chain, balances and signatures, offline)
 - ``governance``   ``governance propose | vote`` (as a provider node), ``proposals | parameters``
+- ``operator``     ``operator slash`` (the operator's token), ``slashes`` (every verdict, for all)
 - ``demo``         ``demo``: the whole network on this machine
 """

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,17 +15,12 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.profile import consumer_client, resolve_url
-from gpuflex.cli.provider import DataDir, Name, node_key
-from gpuflex.client import NodeClient
+from gpuflex.cli.profile import consumer_client
+from gpuflex.cli.provider import DataDir, Name, node_client
 from gpuflex.protocol import messages as m
 
 governance_app = typer.Typer(help="Propose and vote on the network's parameters.", no_args_is_help=True)
 console = Console()
-
-
-def _node(name: str | None, data_dir: Path | None, url: str | None) -> NodeClient:
-    return NodeClient(resolve_url(url), node_key(name, data_dir))
 
 
 def _at(t: datetime) -> str:
@@ -48,7 +42,7 @@ def propose(
     """Propose a new value for a network parameter, as your provider node (it needs stake)."""
     at = datetime.fromtimestamp(time.time() + effective_in * 3600, UTC)
     msg = m.ProposalCreate(parameter=parameter, value=value, effective_at=at, reason=reason)
-    p = _node(name, data_dir, url).propose(msg)
+    p = node_client(name, data_dir, url).propose(msg)
     console.print(
         f"proposal [bold]{p.id}[/]: {p.parameter} = {p.value}; voting closes {_at(p.closes_at)}, "
         f"in force from {_at(p.effective_at)} if it passes"
@@ -64,7 +58,7 @@ def vote(
     url: Url = None,
 ) -> None:
     """Vote with your provider node's stake. Votes are final."""
-    v = _node(name, data_dir, url).vote(proposal_id, choice)
+    v = node_client(name, data_dir, url).vote(proposal_id, choice)
     console.print(f"voted {v.choice} on {v.proposal_id} with {v.weight:g} credits of stake")
 
 

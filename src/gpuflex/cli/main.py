@@ -8,7 +8,18 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gpuflex.cli import account, coordinator, demo, governance, jobs, ledger, provider, train
+from gpuflex.cli import (
+    account,
+    coordinator,
+    demo,
+    governance,
+    jobs,
+    ledger,
+    node_wallet,
+    operator,
+    provider,
+    train,
+)
 from gpuflex.errors import GPUFlexError
 
 app = typer.Typer(
@@ -19,6 +30,8 @@ app = typer.Typer(
 )
 app.command("demo")(demo.demo)
 app.add_typer(coordinator.coordinator_app, name="coordinator")
+for command in (node_wallet.wallet, node_wallet.stake, node_wallet.unstake, node_wallet.withdraw):
+    provider.provider_app.command()(command)
 app.add_typer(provider.provider_app, name="provider")
 app.add_typer(account.account_app, name="account")
 app.add_typer(account.wallet_app, name="wallet")
@@ -30,6 +43,8 @@ app.command("offers")(jobs.offers)
 app.add_typer(ledger.ledger_app, name="ledger")
 app.add_typer(train.train_app, name="train")
 app.add_typer(governance.governance_app, name="governance")
+app.add_typer(operator.operator_app, name="operator")
+app.command("slashes")(operator.slashes)
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """``gpuflex provider start``: offer this machine's GPU (or CPU) on the market; ``provider dashboard``.
 
-``node_key`` finds a provider's key for every command that acts as the node (``governance propose``...).
+``node_key`` / ``node_client`` find a provider's key for every command that acts as the node
+(``provider wallet``, ``governance propose``...).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import typer
 
 from gpuflex.auth.signing import NodeKey
 from gpuflex.cli.profile import resolve_url
+from gpuflex.client import NodeClient
 from gpuflex.errors import NotFound
 from gpuflex.jsonlog import LogFormat
 
@@ -34,6 +36,11 @@ def node_key(name: str | None, data_dir: Path | None) -> NodeKey:
     if not key_file.exists():
         raise NotFound(f"no node key at {key_file}: pass the --data-dir the provider runs with")
     return NodeKey.load_or_create(key_file)
+
+
+def node_client(name: str | None, data_dir: Path | None, url: str | None) -> NodeClient:
+    """A client that acts as that provider: each request signed with its key."""
+    return NodeClient(resolve_url(url), node_key(name, data_dir))
 
 
 @provider_app.command("start")

@@ -127,6 +127,12 @@ def vote(session: Session, node: Node, proposal_id: str, msg: m.VoteCast, now: f
     return ballot
 
 
+def votes_open(session: Session, node_id: str) -> bool:
+    """Whether the node voted on a proposal still open: its stake weighs in a count not yet made."""
+    query = select(Vote.id).join(Proposal, Proposal.id == Vote.proposal_id)
+    return session.scalars(query.where(Vote.node_id == node_id, Proposal.state == "open")).first() is not None
+
+
 def votes(session: Session, proposal: Proposal) -> list[Vote]:
     return list(session.scalars(select(Vote).where(Vote.proposal_id == proposal.id).order_by(Vote.id)))
 

@@ -3,8 +3,9 @@
 A community node must bond at least ``min_stake`` credits (``stake:<node>``) before the market
 gives it work, so cheating costs more than it can earn. The stake backs the node's work while it
 can still be audited: it cannot be unstaked while the node holds a lease or has pay held in an
-audit window. A verdict (``slash``) takes stake to ``platform:slashed`` and can withhold the
-node's held pay for the job in question. Earnings (``provider:<node>``) can be withdrawn or staked.
+audit window, nor while it weighs in a vote still open (moved to another node, it would vote
+twice). A verdict (``slash``) takes stake to ``platform:slashed`` and can withhold the node's held
+pay for the job in question. Earnings (``provider:<node>``) can be withdrawn or staked.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, Lease, Node, Slash, new_id
-from gpuflex.coordinator.services import ledger, payouts
+from gpuflex.coordinator.services import governance, ledger, payouts
 from gpuflex.errors import BadRequest, Conflict, NotFound
 from gpuflex.ledger import accounts
 from gpuflex.protocol import messages as m
@@ -49,6 +50,8 @@ def unstake(session: Session, node: Node, amount_micro: int, now: float) -> None
         raise Conflict("the node holds a lease: its stake backs that work; unstake when it is idle")
     if payouts.held_for_node(session, node.id):
         raise Conflict("the node has pay held in an audit window: its stake backs that work until it ends")
+    if governance.votes_open(session, node.id):
+        raise Conflict("the node's stake counts in a vote still open: unstake when the vote closes")
     ledger.append(
         session,
         kind="unstake",

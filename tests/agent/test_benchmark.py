@@ -31,3 +31,17 @@ def test_repetitions_fill_the_share_but_stop_at_one_when_it_is_spent():
     calls.clear()
     _seconds_per_call(lambda: calls.append(1), CPU, share_s=0.0)
     assert len(calls) == 2
+
+
+def test_the_benchmark_runs_on_the_tasks_threads_and_gives_the_process_its_own_back():
+    import torch
+
+    before = torch.get_num_threads()
+    seen = []
+    real = torch.set_num_threads
+    torch.set_num_threads = lambda n: (seen.append(n), real(n))
+    try:
+        run_benchmark("cpu", budget_s=0.1, threads=1)
+    finally:
+        torch.set_num_threads = real
+    assert seen == [1, before] and torch.get_num_threads() == before

@@ -5,8 +5,9 @@ left alone, so no TF32), in bf16 where the hardware does it natively (CUDA with 
 bf16 matmul is emulated and slow, so it is reported as None rather than stretching the run), and memory
 bandwidth from a large tensor copy. It must stay short, since it runs at every agent start: each
 measurement gets a share of ``budget_s``, one timed call sizes the repetitions to fit that share, and
-the whole run ends within about twice the budget even on two cores. It uses as many threads as torch
-does by default. torch is imported lazily; the clock starts once it is imported.
+the whole run ends within about twice the budget even on two cores. It uses as many threads as the
+node's tasks may (``threads``; 0: torch's default), so the score is what a task can get out of the
+machine. torch is imported lazily; the clock starts once it is imported.
 """
 
 from __future__ import annotations
@@ -25,12 +26,23 @@ COPY_BYTES = {"cpu": 128 * 2**20, "cuda": 512 * 2**20}  # well past the last-lev
 MAX_REPS = 10_000
 
 
-def run_benchmark(device: str = "cpu", budget_s: float = 1.5) -> BenchmarkResult:
+def run_benchmark(device: str = "cpu", budget_s: float = 1.5, threads: int = 0) -> BenchmarkResult:
     """Measure fp32 and bf16 TFLOPS and copy bandwidth on ``device`` ("cpu", "cuda", "cuda:1" ...)."""
     import torch
 
     if budget_s <= 0:
         raise ValueError(f"budget_s must be positive, got {budget_s}")
+    default_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or default_threads)
+    try:
+        return _measure(device, budget_s)
+    finally:
+        torch.set_num_threads(default_threads)
+
+
+def _measure(device: str, budget_s: float) -> BenchmarkResult:
+    import torch
+
     start = time.perf_counter()
     dev = torch.device(device)
     kind = "cuda" if dev.type == "cuda" else "cpu"

@@ -69,7 +69,7 @@ class Agent:
         if hardware.device == "cuda" and self.limits.memory_mb is not None:
             log.info("GPU present: tasks get no address-space limit (the CUDA driver reserves tens of GB)")
             self.limits = replace(self.limits, memory_mb=None)
-        bench = run_benchmark(hardware.device, budget_s=self.config.benchmark_s)
+        bench = run_benchmark(hardware.device, self.config.benchmark_s, self.config.task_threads)
         msg = m.NodeRegister(
             name=self.config.name,
             public_key=self.key.public_key_hex,

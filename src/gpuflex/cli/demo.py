@@ -23,6 +23,7 @@ from gpuflex.client import Client
 from gpuflex.errors import BadRequest, GPUFlexError, ServiceError
 from gpuflex.ledger.export import verify_export
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
+from gpuflex.protocol.messages import Quote
 from gpuflex.protocol.spec import JobSpec, job_spec_from_yaml
 
 console = Console()
@@ -76,15 +77,24 @@ def demo(
     with LocalNetwork(data_dir) as net:
         url = net.start_coordinator()
         console.print(f"coordinator: {url} (SQLite in {data_dir / 'coordinator'})")
-        for name, price, core in PROVIDERS:
-            net.start_agent(name, price=price, core=core, extra=["--core-token", CORE_TOKEN] if core else [])
         client = Client(url, Client(url).create_account("demo").token)
         client.deposit(10)
-        _wait_for_nodes(client, len(PROVIDERS))
+        for count, (name, price, core) in enumerate(PROVIDERS, 1):
+            net.start_agent(name, price=price, core=core, extra=["--core-token", CORE_TOKEN] if core else [])
+            # one at a time: on one machine, benchmarks run side by side would score each other
+            _wait_for_nodes(client, count)
         console.print(
             f"{len(PROVIDERS)} providers online (1 core, {len(PROVIDERS) - 1} community); "
             f"logs in {data_dir / 'logs'}"
         )
+        quote = client.quote(spec)
+        if quote.placeable:
+            console.print(
+                f"quote: ≈ {quote.cost:.6f} credits ({quote.cost_low:.6f}–{quote.cost_high:.6f}), "
+                f"≈ {quote.duration_s:.0f}s ({quote.duration_low_s:.0f}–{quote.duration_high_s:.0f}s); "
+                "nothing spent yet",
+                highlight=False,
+            )
         job = client.submit(spec, **upload_inputs(client, spec))
         console.print(
             f"job {job.id}: {spec.resources.workers} workers x {spec.training.rounds} rounds x "
@@ -95,14 +105,14 @@ def demo(
             raise GPUFlexError(
                 f"job {job.id} ended {final.state}: {final.reason}\n{_last_events(client, job.id)}"
             )
-        _report(client, job.id, data_dir, time.monotonic() - started)
+        _report(client, job.id, data_dir, time.monotonic() - started, quote)
 
 
 def _last_events(client: Client, job_id: str) -> str:
     return "\n".join(e.message for e in client.logs(job_id)[-8:])
 
 
-def _report(client: Client, job_id: str, data_dir: Path, elapsed_s: float) -> None:
+def _report(client: Client, job_id: str, data_dir: Path, elapsed_s: float, quote: Quote) -> None:
     job = client.job(job_id)
     checkpoint = data_dir / "checkpoint.safetensors"
     checkpoint.write_bytes(client.checkpoint(job_id))
@@ -113,8 +123,16 @@ def _report(client: Client, job_id: str, data_dir: Path, elapsed_s: float) -> No
     table = Table("provider", "kind", "seconds", "credits", title="cost per provider")
     for c in job.costs:
         table.add_row(c.name, c.kind, f"{c.seconds:.1f}", f"{c.cost:.6f}")
-    table.add_row("total", "", "", f"{sum(c.cost for c in job.costs):.6f}")
+    total = sum(c.cost for c in job.costs)
+    table.add_row("total", "", "", f"{total:.6f}")
     console.print(table)
+    if quote.placeable:
+        ran_s = max(c.seconds for c in job.costs)
+        console.print(
+            f"actual: {total:.6f} credits over {ran_s:.0f}s of leases "
+            f"(quoted ≈ {quote.cost:.6f} credits, ≈ {quote.duration_s:.0f}s)",
+            highlight=False,
+        )
     console.print(f"wallet: {client.balance().balance:.6f} credits (10 deposited, unspent budget refunded)")
     report = verify_export(client.ledger())
     if not report.ok:

@@ -54,10 +54,10 @@ from gpuflex.protocol.spec import JobSpec, TrainingSpec
 # CPU (torch, one thread, as the local network's tasks run): char-gpt as in examples/char-gpt.yaml
 # (254,592 parameters, batch 32 x 64 bytes) took 0.0531 s per AdamW step, 18.8 steps/s, i.e.
 # 58.9 GFLOP/s counted as 6 x params x tokens; the agent's benchmark on the same machine gave
-# 0.0943 TFLOPS fp32 (torch's default threads, as an agent registers; 0.0823 with one thread).
-# 58.9 / 94.3 = 0.62. A GPU runs so small a model far below its peak, and a busy host slows a CPU:
-# hence the wide range below.
-EFFICIENCY = 0.6
+# 0.0823 TFLOPS fp32 with one thread (an agent benchmarks with its tasks' thread count; 0.0943 with
+# torch's default two). 58.9 / 82.3 = 0.72. A GPU runs so small a model far below its peak, and a
+# busy host slows a CPU: hence the wide range below.
+EFFICIENCY = 0.7
 EFFICIENCY_LOW = 0.3  # the slow end of a quote's range
 EFFICIENCY_HIGH = 0.9  # the fast end
 # Per round, besides moving bytes: the worker's and the aggregator's polls (0.2 s each) and the

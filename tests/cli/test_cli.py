@@ -137,3 +137,17 @@ def test_the_demo_never_wipes_a_directory_it_did_not_make(tmp_path):
     result = _gpuflex("demo", "--data-dir", str(precious))
     assert result.returncode == 1 and "was not made by `gpuflex demo`" in result.stderr
     assert (precious / "thesis.tex").read_text() == "years of work"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("GPUFLEX_HEARTBEAT_INTERVAL_S", "abc", "GPUFLEX_HEARTBEAT_INTERVAL_S: Input should be a valid"),
+        ("GPUFLEX_BLOB_STORAGE_OPTIONS", "not json", 'field "blob_storage_options"'),
+    ],
+)
+def test_a_bad_coordinator_setting_is_one_line_naming_it(tmp_path, variable, value, says):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), variable: value}
+    result = _gpuflex("coordinator", "serve", "--data-dir", str(tmp_path), "--port", "9", env=env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: bad setting: ") and says in result.stderr

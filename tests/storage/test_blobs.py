@@ -1,14 +1,10 @@
+"""One suite for every blob store (``store`` in conftest.py: local directory, fsspec memory, S3)."""
+
 import hashlib
 
 import pytest
 
 from gpuflex.errors import BadRequest, NotFound
-from gpuflex.storage import LocalBlobStore
-
-
-@pytest.fixture
-def store(tmp_path):
-    return LocalBlobStore(tmp_path / "blobs")
 
 
 def test_put_then_get_by_hash(store):
@@ -34,3 +30,11 @@ def test_keys_that_are_not_sha256_never_reach_a_path(store, key):
 def test_missing_blob_is_not_found(store):
     with pytest.raises(NotFound):
         store.get("0" * 64)
+
+
+def test_what_one_replica_writes_another_reads_at_once(open_store):
+    first, second = open_store(), open_store()
+    digest = hashlib.sha256(b"written by replica one").hexdigest()
+    assert not second.exists(digest)  # asked before: a cached "no" must not outlive the write
+    first.put(b"written by replica one")
+    assert second.exists(digest) and second.get(digest) == b"written by replica one"

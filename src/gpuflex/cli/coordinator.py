@@ -6,9 +6,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 
 from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.errors import BadRequest
 from gpuflex.jsonlog import LogFormat
 
 coordinator_app = typer.Typer(help="Run the coordinator (the operator's service).", no_args_is_help=True)
@@ -22,8 +25,16 @@ LogFormatOption = Annotated[
 
 
 def _settings(data_dir: Path | None, database_url: str | None, **more: object) -> CoordinatorSettings:
+    """The settings from the options and ``GPUFLEX_*``; a bad value is one line naming its variable."""
     given = {"data_dir": data_dir, "database_url": database_url, **more}
-    return CoordinatorSettings(**{k: v for k, v in given.items() if v is not None})
+    try:
+        return CoordinatorSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as err:
+        named = (f"GPUFLEX_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in err.errors())
+        problems = "; ".join(named)
+        raise BadRequest(f"bad setting: {problems}") from None
+    except SettingsError as err:  # a value that is not even JSON where JSON is expected
+        raise BadRequest(f"bad setting: {err} (GPUFLEX_* variables)") from None
 
 
 @coordinator_app.command("migrate")

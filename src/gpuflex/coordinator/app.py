@@ -41,7 +41,7 @@ from gpuflex.coordinator.services import market as market_service
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import GPUFlexError
 from gpuflex.protocol.messages import API_VERSION
-from gpuflex.storage import LocalBlobStore
+from gpuflex.storage import BlobStore, FsspecBlobStore, LocalBlobStore
 
 log = logging.getLogger("gpuflex.coordinator")
 
@@ -146,14 +146,19 @@ def _error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": "database busy; retry"}, status_code=503, headers={"Retry-After": "1"})
 
 
+def blob_store(settings: CoordinatorSettings) -> BlobStore:
+    """The store ``blob_url`` names (S3 and the like, through fsspec), else the local blob directory."""
+    if settings.blob_url:
+        return FsspecBlobStore(settings.blob_url, **settings.blob_storage_options)
+    return LocalBlobStore(settings.blob_dir)
+
+
 def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorContext | None = None) -> FastAPI:
     """Build the app. Migrations are not run here: ``serve`` and the tests run them first."""
     if ctx is None:
         settings = settings or CoordinatorSettings()
         engine = make_engine(settings.sqlalchemy_url)
-        ctx = CoordinatorContext(
-            settings, engine, make_sessionmaker(engine), LocalBlobStore(settings.blob_dir)
-        )
+        ctx = CoordinatorContext(settings, engine, make_sessionmaker(engine), blob_store(settings))
 
     metrics = CoordinatorMetrics(ctx)
 

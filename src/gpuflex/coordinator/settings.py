@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +25,16 @@ class CoordinatorSettings(BaseSettings):
     reaper_interval_s: float = Field(1.0, gt=0)
     max_request_bytes: int = Field(1 << 20, gt=0)
     max_blob_bytes: int = Field(64 << 20, gt=0)
+    blob_url: str | None = Field(
+        None,
+        description="where blobs live: an fsspec URL such as s3://bucket/prefix (pip install 'gpuflex[s3]'), "
+        "shared by replicas; default: the directory data_dir/blobs",
+    )
+    blob_storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description='the store\'s options as JSON, e.g. {"endpoint_url": "http://minio:9000", "key": "…", '
+        '"secret": "…"} for an S3-compatible service',
+    )
     signature_max_skew_s: float = Field(60.0, gt=0)
     platform_fee_bps: int = Field(1000, ge=0, le=10_000, description="platform fee in basis points")
     audit_window_s: float = Field(

@@ -1,8 +1,10 @@
 """Content-addressed blob storage: datasets, models, pseudo-gradients, checkpoints.
 
-- ``blobs``  the ``BlobStore`` interface, key validation, and the local-directory store
+- ``blobs``    the ``BlobStore`` interface, key validation, and the local-directory store
+- ``objects``  the same in any fsspec filesystem: S3 and S3-compatible services, ``memory://``
 """
 
 from gpuflex.storage.blobs import BlobStore, LocalBlobStore, sha256_hex, validate_digest
+from gpuflex.storage.objects import FsspecBlobStore
 
-__all__ = ["BlobStore", "LocalBlobStore", "sha256_hex", "validate_digest"]
+__all__ = ["BlobStore", "FsspecBlobStore", "LocalBlobStore", "sha256_hex", "validate_digest"]

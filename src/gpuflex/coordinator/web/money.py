@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from gpuflex.coordinator.db import AccountBalance, Job, Lease, Node, Task
 from gpuflex.coordinator.services import leases, ledger, payouts
 from gpuflex.ledger import accounts
-from gpuflex.ledger.journal import ChainReport, Entry, verify_chain
+from gpuflex.ledger.journal import ChainReport, verify_chain
 
 ENTRIES_SHOWN = 50
 
@@ -36,7 +36,6 @@ class EntryRow:
     kind: str
     memo: str
     change: int  # micro-credits in or out of the viewer's main account (wallet, or earnings)
-    job_id: str | None
 
 
 @dataclass(frozen=True)
@@ -90,12 +89,6 @@ class Earnings:
         return sum(j.metered for j in self.jobs if not j.paid)
 
 
-def _job_of(entry: Entry) -> str | None:
-    """The job an entry is about: the one whose escrow it moves (escrow, settlement)."""
-    prefix = accounts.escrow("x")[:-1]
-    return next((a[len(prefix) :] for a, _ in entry.postings if a.startswith(prefix)), None)
-
-
 def _totals(session: Session) -> dict[str, int]:
     def total(prefix: str) -> int:
         like = select(func.coalesce(func.sum(AccountBalance.balance), 0))
@@ -119,7 +112,7 @@ def ledger_view(session: Session, mine: dict[str, str]) -> LedgerView:
     for e in reversed(journal):
         change = sum(n for a, n in e.postings if a == main)
         if any(a in mine for a, _ in e.postings):
-            rows.append(EntryRow(e.seq, e.at, e.kind, e.memo, change, _job_of(e)))
+            rows.append(EntryRow(e.seq, e.at, e.kind, e.memo, change))
         if len(rows) == ENTRIES_SHOWN:
             break
     balances = [BalanceRow(a, label, ledger.balance(session, a)) for a, label in mine.items()]

@@ -1,5 +1,7 @@
 """``gpuflex demo`` as a user runs it (one round instead of sixteen), and it leaves nothing running."""
 
+import os
+import re
 import subprocess
 import sys
 
@@ -20,6 +22,7 @@ def test_the_demo_trains_reports_and_cleans_up(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "COLUMNS": "200"},  # one line per message: Rich wraps at 80 by default
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     out = result.stdout
@@ -30,5 +33,8 @@ def test_the_demo_trains_reports_and_cleans_up(tmp_path):
     assert after < before
     assert (data_dir / "checkpoint.safetensors").stat().st_size > 100_000
     assert "cost per provider" in out and "community-3" in out
+    quoted = re.search(r"quote: ≈ ([\d.]+) credits \(([\d.]+)–([\d.]+)\)", out)
+    assert quoted and float(quoted[2]) <= float(quoted[1]) <= float(quoted[3]), out
+    assert re.search(rf"actual: [\d.]+ credits over \d+s of leases \(quoted ≈ {quoted[1]} credits", out), out
     assert "ledger: 3 entries, chain verified" in out
     assert _processes_mentioning(str(data_dir)) == []

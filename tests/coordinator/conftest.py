@@ -87,6 +87,7 @@ def coordinator(database_url, tmp_path):
         lease_ttl_s=15,
         heartbeat_interval_s=2,
         heartbeat_misses=3,
+        liveness_cache_s=0,  # tests move the clock and change the rules between calls
         max_request_bytes=64 * 1024,
         max_blob_bytes=256 * 1024,
         reaper_interval_s=3600,

@@ -36,7 +36,7 @@ from gpuflex.coordinator.routes import (
 )
 from gpuflex.coordinator.services import governance as governance_service
 from gpuflex.coordinator.services import jobs as job_service
-from gpuflex.coordinator.services import leases, payouts, registry
+from gpuflex.coordinator.services import leases, liveness, payouts, registry
 from gpuflex.coordinator.services import market as market_service
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import GPUFlexError
@@ -55,9 +55,14 @@ def _expired(expired: list, metrics: CoordinatorMetrics | None) -> None:
 
 
 def _find_lost(s: Session, ctx: CoordinatorContext, now: float, metrics: CoordinatorMetrics | None) -> None:
-    """Mark silent nodes lost and end their leases at once, so their tasks are re-leased now."""
-    silence = governance_service.liveness(s, ctx.settings, now).lost_after_s
-    for node in registry.mark_lost(s, silence, now):
+    """Mark silent nodes lost and end their leases at once, so their tasks are re-leased now.
+
+    At most ``lease_ends_per_pass`` nodes a pass, the longest silent first: when a partition hides
+    many nodes, their work trickles back to the market instead of stampeding the nodes that remain.
+    """
+    rules = liveness.rules(s, ctx.settings, now)
+    for node in registry.mark_lost(s, rules, now, limit=ctx.settings.lease_ends_per_pass):
+        silence = max(rules.interval_s, node.heartbeat_interval_s or 0) * rules.misses
         log.info("node lost", extra={"node_id": node.id})
         why = f"lost (no heartbeat for {now - node.last_heartbeat_at:.1f}s, limit {silence:g}s)"
         _expired(leases.expire_for_node(s, node.id, now, why), metrics)
@@ -73,7 +78,7 @@ def reap_once(
     """
     liveness = (
         lambda s, now: _find_lost(s, ctx, now, metrics),
-        lambda s, now: _expired(leases.expire(s, now), metrics),
+        lambda s, now: _expired(leases.expire(s, now, limit=ctx.settings.lease_ends_per_pass), metrics),
     )
     duties = (
         lambda s, now: governance_service.tally_due(s, ctx.settings, now),
@@ -97,7 +102,7 @@ def _past_start_grace(ctx: CoordinatorContext, started: float) -> bool:
     """Has every node had time to beat since this replica started, under the heartbeat rules in force?"""
     try:
         with ctx.tx() as s:
-            rules = governance_service.liveness(s, ctx.settings, ctx.now())
+            rules = liveness.rules(s, ctx.settings, ctx.now())
     except Exception:
         log.exception("reading the heartbeat rules failed; judging nobody lost this pass")
         return False

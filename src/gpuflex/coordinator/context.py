@@ -1,5 +1,6 @@
-"""What every route needs, made once per app: settings, the database, the blob store, the clock and
-the key that signs the journal (every transaction carries it, so ``services.ledger.append`` signs)."""
+"""What every route needs, made once per app: settings, the database, the blob store, the clock, the
+key that signs the journal (every transaction carries it, so ``services.ledger.append`` signs) and the
+heartbeat rules, cached briefly because every heartbeat needs them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuflex.auth.signing import NodeKey
-from gpuflex.coordinator.services import ledger
+from gpuflex.coordinator.services import ledger, liveness
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.storage import BlobStore
 
@@ -25,6 +26,7 @@ class CoordinatorContext:
     blobs: BlobStore
     clock: Callable[[], float] = field(default=time.time)
     ledger_key: NodeKey = field(init=False, repr=False)
+    _rules: tuple[float, liveness.Liveness] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.ledger_key = self.settings.resolved_ledger_key()
@@ -37,3 +39,11 @@ class CoordinatorContext:
         """One transaction: committed when the block ends, rolled back (nothing written) on error."""
         with self.sessions(info={ledger.SIGNING_KEY: self.ledger_key}) as session, session.begin():
             yield session
+
+    def liveness(self, session: Session) -> liveness.Liveness:
+        """The heartbeat rules in force, read at most once every ``liveness_cache_s``: a governed change
+        or the fleet's growth shows that much later, and heartbeats skip three queries each."""
+        now, cached = self.now(), self._rules
+        if cached is None or not 0 <= now - cached[0] < self.settings.liveness_cache_s:
+            cached = self._rules = (now, liveness.rules(session, self.settings, now))
+        return cached[1]

@@ -58,6 +58,8 @@ class Node(Base):
     state: Mapped[str] = mapped_column(String(16), index=True)  # online | lost | left
     registered_at: Mapped[float] = mapped_column(Float)
     last_heartbeat_at: Mapped[float] = mapped_column(Float)
+    # The interval the node was last told to beat at (it grows with the fleet); None: never told one.
+    heartbeat_interval_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     heartbeats: Mapped[int] = mapped_column(Integer, default=0)
     # Reputation's uptime: heartbeats are expected while a node is registered and has not left. The
     # current such period began at online_since (None after leaving); presence_s sums the earlier ones.

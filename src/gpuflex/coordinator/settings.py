@@ -22,7 +22,22 @@ class CoordinatorSettings(BaseSettings):
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_misses: int = Field(3, ge=1, description="missed heartbeats before a node is lost")
     lease_ttl_s: float = Field(15.0, gt=0, description="a lease not renewed by heartbeats expires")
+    heartbeat_max_rate_per_s: float = Field(
+        1000.0,
+        gt=0,
+        description="the fleet's heartbeats per second at most: past it the interval grows with the fleet",
+    )
+    liveness_cache_s: float = Field(
+        1.0, ge=0, description="how long a replica reuses the heartbeat rules (governed values, fleet size)"
+    )
     reaper_interval_s: float = Field(1.0, gt=0)
+    lease_ends_per_pass: int = Field(
+        100,
+        ge=1,
+        description="per reaper pass, at most this many silent nodes judged lost and as many unrenewed "
+        "leases expired (the rest wait a pass): a partition that hides many nodes does not make the "
+        "coordinator re-lease everything at once",
+    )
     max_request_bytes: int = Field(1 << 20, gt=0)
     max_blob_bytes: int = Field(64 << 20, gt=0)
     blob_url: str | None = Field(

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from fastapi import Query as Param
 
 from gpuflex.coordinator.auth import Consumer, Ctx
-from gpuflex.coordinator.services import governance, market
+from gpuflex.coordinator.services import market
 from gpuflex.market import query
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
@@ -26,7 +26,7 @@ OrderText = Annotated[
 def offers(_account: Consumer, ctx: Ctx, q: QueryText = "", order: OrderText = "") -> list[m.Offer]:
     wanted, keys = query.parse(q), query.parse_order(order)
     with ctx.tx() as s:
-        listed = market.listing(s, ctx.now(), governance.liveness(s, ctx.settings, ctx.now()).interval_s)
+        listed = market.listing(s, ctx.now(), ctx.liveness(s).interval_s)
     return query.select(listed, wanted, keys)
 
 
@@ -34,5 +34,5 @@ def offers(_account: Consumer, ctx: Ctx, q: QueryText = "", order: OrderText = "
 def quote(spec: JobSpec, _account: Consumer, ctx: Ctx) -> m.Quote:
     """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
     with ctx.tx() as s:
-        interval_s = governance.liveness(s, ctx.settings, ctx.now()).interval_s
+        interval_s = ctx.liveness(s).interval_s
         return market.quote(s, spec, ctx.now(), interval_s)

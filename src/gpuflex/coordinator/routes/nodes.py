@@ -9,7 +9,7 @@ from gpuflex.auth.signing import HEADER_NODE, node_id_for
 from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.coordinator.services import governance, leases, registry, stakes
+from gpuflex.coordinator.services import leases, registry, stakes
 from gpuflex.coordinator.web import tokens
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
@@ -28,8 +28,8 @@ async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.N
             node_id = node_id_for(body.public_key)
             registry.check_signature(s, body.public_key, node_id, signed, ctx.settings, ctx.now())
             leases.expire_for_node(s, node_id, ctx.now(), "restarted (registered again)")
-            node = registry.register(s, body, ctx.settings, ctx.now())
-            return node, governance.liveness(s, ctx.settings, ctx.now()).interval_s
+            interval_s = ctx.liveness(s).interval_s
+            return registry.register(s, body, ctx.settings, ctx.now(), interval_s), interval_s
 
     node, interval_s = await run_in_threadpool(run)
     log.info("node registered", extra={"node_id": node.id, "kind": node.kind})
@@ -42,9 +42,9 @@ async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.N
 def heartbeat(body: m.Heartbeat, node: SignedNode, ctx: Ctx, metrics: Metrics) -> m.HeartbeatAck:
     with ctx.tx() as s:
         row = s.get(Node, node.id)
-        registry.beat(row, ctx.now())
+        interval_s = ctx.liveness(s).interval_s
+        registry.beat(row, ctx.now(), interval_s)
         revoked = leases.renew(s, row, body.leases, ctx.settings, ctx.now())
-        interval_s = governance.liveness(s, ctx.settings, ctx.now()).interval_s
     metrics.heartbeats.inc()
     return m.HeartbeatAck(heartbeat_interval_s=interval_s, revoked=revoked)
 

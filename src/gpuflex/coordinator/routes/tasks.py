@@ -38,7 +38,7 @@ def contribute(body: m.ContributionSubmit, lease: TaskLease, ctx: Ctx) -> dict[s
 @router.get("/contributions")
 def contributions(lease: TaskLease, ctx: Ctx, round: int = Query(ge=0)) -> m.ContributionList:
     with ctx.tx() as s:
-        suspect_after_s = governance.liveness(s, ctx.settings, ctx.now()).suspect_after_s
+        suspect_after_s = ctx.liveness(s).suspect_after_s
         return rounds.contributions(s, lease, round, heard_since=ctx.now() - suspect_after_s)
 
 

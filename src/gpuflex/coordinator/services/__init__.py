@@ -1,5 +1,6 @@
 """The coordinator's services, one noun each. Functions take a session and ``now``; routes own transactions.
 
 Dependencies run one way: ``ledger`` <- ``accounts``; ``market`` <- ``leases`` <- ``jobs`` <- ``rounds``;
-``ledger`` <- ``governance`` (proposals, votes, and the parameters in force); ``registry`` stands alone.
+``ledger`` <- ``governance`` (proposals, votes, and the parameters in force) <- ``liveness`` (the heartbeat
+rules, stretched to the fleet) <- ``registry``.
 """

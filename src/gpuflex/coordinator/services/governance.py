@@ -18,7 +18,6 @@ the chain that audits the money also audits how its rules changed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import func, select
@@ -189,30 +188,6 @@ def _proposed(proposal: Proposal) -> int | float:
 def parameter(session: Session, name: str, settings: CoordinatorSettings, now: float) -> int | float:
     """The value of governable parameter ``name`` in force at ``now``."""
     return _value(name, _in_force(session, name, now), settings)
-
-
-@dataclass(frozen=True)
-class Liveness:
-    """The heartbeat rules in force: how often nodes beat, and when silence makes one suspect or lost."""
-
-    interval_s: float
-    misses: int
-
-    @property
-    def lost_after_s(self) -> float:
-        return self.interval_s * self.misses
-
-    @property
-    def suspect_after_s(self) -> float:
-        """A node that missed a heartbeat is suspected: rounds stop waiting for it, it is not lost yet."""
-        return min(2 * self.interval_s, self.lost_after_s)
-
-
-def liveness(session: Session, settings: CoordinatorSettings, now: float) -> Liveness:
-    return Liveness(
-        interval_s=parameter(session, "heartbeat_interval_s", settings, now),
-        misses=parameter(session, "heartbeat_misses", settings, now),
-    )
 
 
 def platform_fee_bps(session: Session, settings: CoordinatorSettings, now: float) -> int:

@@ -136,15 +136,16 @@ def _return_task(session: Session, lease: Lease, now: float, why: str, *, failed
     _event(session, lease.job_id, now, f"{task.role} {task.index} on {lease.node_id} {why}; re-leasing")
 
 
-def _live(session: Session, *where) -> list[Lease]:
+def _live(session: Session, *where, order=Lease.id, limit: int | None = None) -> list[Lease]:
     """Active leases matching ``where``, locked; a lease another replica is ending right now is skipped."""
-    query = select(Lease).where(Lease.state == "active", *where).order_by(Lease.id)
+    query = select(Lease).where(Lease.state == "active", *where).order_by(order, Lease.id).limit(limit)
     return list(session.scalars(query.with_for_update(skip_locked=True)))
 
 
-def expire(session: Session, now: float) -> list[Lease]:
-    """End leases past their expiry; metered up to their last renewal. Their tasks go back."""
-    expired = _live(session, Lease.expires_at < now)
+def expire(session: Session, now: float, *, limit: int | None = None) -> list[Lease]:
+    """End leases past their expiry (at most ``limit``, the oldest first); metered up to their last
+    renewal. Their tasks go back."""
+    expired = _live(session, Lease.expires_at < now, order=Lease.expires_at, limit=limit)
     for lease in expired:
         _end(lease, "expired", lease.renewed_at)
         _return_task(session, lease, now, f"missed its lease (epoch {lease.epoch})")

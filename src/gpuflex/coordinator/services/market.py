@@ -21,7 +21,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, try_lock
-from gpuflex.coordinator.services import governance, ledger, registry
+from gpuflex.coordinator.services import governance, ledger, liveness, registry
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.ledger import accounts
 from gpuflex.market import pricing, reputation
@@ -166,7 +166,7 @@ def place_pending(session: Session, settings: CoordinatorSettings, now: float) -
         return 0
     online = registry.online(session)
     ends = lease_ends(session, [n.id for n in online])
-    scores = reliabilities(online, ends, now, governance.liveness(session, settings, now).interval_s)
+    scores = reliabilities(online, ends, now, liveness.rules(session, settings, now).interval_s)
     offers = [offer_of(n, now, scores[n.id]) for n in online]
     min_stake = to_micro(governance.parameter(session, "min_stake", settings, now))
     if min_stake > 0:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpuflex.auth.signing import HEADER_NODE, node_id_for, verify_request
 from gpuflex.coordinator.db import Node, Nonce
+from gpuflex.coordinator.services.liveness import Liveness
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Forbidden, Unauthorized
 from gpuflex.protocol.messages import NodeRegister
@@ -56,7 +57,10 @@ def authenticate(
     return node
 
 
-def register(session: Session, msg: NodeRegister, settings: CoordinatorSettings, now: float) -> Node:
+def register(
+    session: Session, msg: NodeRegister, settings: CoordinatorSettings, now: float, interval_s: float
+) -> Node:
+    """Add the node, or update it in place; it is told to beat every ``interval_s``."""
     if msg.kind == "core" and msg.core_token != settings.resolved_core_token():
         raise Forbidden("registering a core node needs the operator's core token")
     node_id = node_id_for(msg.public_key)
@@ -76,13 +80,16 @@ def register(session: Session, msg: NodeRegister, settings: CoordinatorSettings,
         node.online_since = now
     node.state = "online"
     node.last_heartbeat_at = now
+    node.heartbeat_interval_s = interval_s
     session.add(node)
     session.flush()
     return node
 
 
-def beat(node: Node, now: float) -> None:
+def beat(node: Node, now: float, interval_s: float) -> None:
+    """The node was heard from at ``now`` and told to beat again within ``interval_s``."""
     node.last_heartbeat_at = now
+    node.heartbeat_interval_s = interval_s
     node.heartbeats += 1
     node.state = "online"
 
@@ -106,10 +113,18 @@ def hours_left(node: Node, now: float) -> float | None:
     return None if node.available_until is None else max(0.0, node.available_until - now) / 3600
 
 
-def mark_lost(session: Session, lost_after_s: float, now: float) -> list[Node]:
-    """Nodes silent for more than ``lost_after_s`` (``heartbeat_misses`` intervals) are lost."""
-    deadline = now - lost_after_s
-    silent = select(Node).where(Node.state == "online", Node.last_heartbeat_at < deadline)
+def mark_lost(session: Session, rules: Liveness, now: float, *, limit: int) -> list[Node]:
+    """Up to ``limit`` nodes, the longest silent first, that missed ``rules.misses`` heartbeats: silent
+    for that many of the fleet's intervals now and of the interval each was last told, whichever is longer."""
+    silent = select(Node).where(
+        Node.state == "online",
+        Node.last_heartbeat_at < now - rules.lost_after_s,
+        or_(
+            Node.heartbeat_interval_s.is_(None),
+            Node.last_heartbeat_at < now - rules.misses * Node.heartbeat_interval_s,
+        ),
+    )
+    silent = silent.order_by(Node.last_heartbeat_at, Node.id).limit(limit)
     lost = list(session.scalars(silent.with_for_update(skip_locked=True)))
     for node in lost:
         node.state = "lost"

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from gpuflex.coordinator.auth import Ctx
-from gpuflex.coordinator.services import governance, jobs
+from gpuflex.coordinator.services import jobs
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.coordinator.web import jobview, money, network
 from gpuflex.coordinator.web.blobinfo import BlobInfo
@@ -45,7 +45,7 @@ def overview(request: Request, viewer: Looker, ctx: Ctx) -> HTMLResponse:
 def providers(request: Request, viewer: Looker, ctx: Ctx) -> HTMLResponse:
     with ctx.tx() as s:
         own = viewer.node.id if viewer.node else None
-        interval_s = governance.liveness(s, ctx.settings, ctx.now()).interval_s
+        interval_s = ctx.liveness(s).interval_s
         rows = network.providers(s, ctx.now(), interval_s, own=own)
     return page(request, "providers.html", viewer=viewer, providers=rows, live=True)
 

@@ -2,16 +2,21 @@
 interval it was told, silent nodes are re-leased a few per pass, and a restarted coordinator judges
 nobody until the nodes have had time to beat."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from gpuflex.coordinator.app import create_app, reap_once
 from gpuflex.coordinator.context import CoordinatorContext
-from gpuflex.coordinator.db import Lease, make_engine, make_sessionmaker
+from gpuflex.coordinator.db import Lease, Node, make_engine, make_sessionmaker
 from gpuflex.coordinator.services.liveness import fleet_interval_s
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.testing import serve, wait_for
+
+
+JSON = {"Content-Type": "application/json"}
 
 
 def _settings(coordinator, **changes) -> None:
@@ -123,3 +128,30 @@ def test_a_restarted_coordinator_judges_nobody_until_nodes_could_beat(coordinato
         assert set(_states(alice).values()) == {"online"}
         coordinator.clock.advance(9)  # past the lost-after time plus an interval since it started
         wait_for(lambda: set(_states(alice).values()) == {"lost"}, 30, "the silent nodes to be judged lost")
+
+
+def test_heartbeats_written_together_are_each_counted_and_each_refused_alone(coordinator):
+    """Heartbeats are committed in batches: many at once all count, and a replay or a node that left is
+    refused without failing the heartbeats written with it."""
+    alice = coordinator.consumer("alice")
+    nodes = [coordinator.node(f"n{i}") for i in range(8)]
+    gone = coordinator.node("gone")
+    gone.leave()
+    body = b'{"leases": []}'
+    replayed = nodes[0].key.sign_request("POST", "/v1/nodes/heartbeat", body)
+    with ThreadPoolExecutor(16) as pool:
+        acks = list(pool.map(lambda n: [n.heartbeat([]) for _ in range(5)], nodes))
+        posts = [
+            pool.submit(
+                coordinator.http.post, "/v1/nodes/heartbeat", content=body, headers={**headers, **JSON}
+            )
+            for headers in (replayed, replayed, gone.key.sign_request("POST", "/v1/nodes/heartbeat", body))
+        ]
+        codes = sorted((p.result().status_code, p.result().json().get("detail", "")) for p in posts)
+    assert all(ack.heartbeat_interval_s == 2 for each in acks for ack in each)
+    assert [c for c, _ in codes] == [200, 401, 401]
+    assert "replayed" in codes[1][1] + codes[2][1] and "has left" in codes[1][1] + codes[2][1]
+    with coordinator.ctx.tx() as s:
+        counts = dict(s.execute(select(Node.name, Node.heartbeats)).all())
+    assert counts == {"gone": 0, "n0": 6, **{f"n{i}": 5 for i in range(1, 8)}}
+    assert set(_states(alice).values()) == {"online", "left"}

@@ -6,6 +6,7 @@ has seen (replay). The message is canonical text so any client can reproduce it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import secrets
@@ -93,6 +94,12 @@ class NodeKey:
         }
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _public_key(public_key_hex: str) -> Ed25519PublicKey:
+    """Parsed once per key: a coordinator checks the same nodes' signatures over and over."""
+    return Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key_hex))
+
+
 def verify_request(
     public_key_hex: str,
     method: str,
@@ -119,8 +126,7 @@ def verify_request(
     if abs(now - sent_at) > max_skew_s:
         raise Unauthorized(f"request timestamp is more than {max_skew_s:.0f}s from the coordinator's clock")
     try:
-        public_key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key_hex))
-        public_key.verify(signature, canonical_message(method, path, body, timestamp, nonce))
+        _public_key(public_key_hex).verify(signature, canonical_message(method, path, body, timestamp, nonce))
     except (InvalidSignature, ValueError):
         raise Unauthorized("bad request signature") from None
     return nonce

@@ -20,6 +20,7 @@ from gpuflex import __version__
 from gpuflex.coordinator import web
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
+from gpuflex.coordinator.heartbeats import HeartbeatWriter
 from gpuflex.coordinator.limits import BodySizeLimit
 from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
 from gpuflex.coordinator.metrics import router as metrics_router
@@ -166,19 +167,23 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         ctx = CoordinatorContext(settings, engine, make_sessionmaker(engine), blob_store(settings))
 
     metrics = CoordinatorMetrics(ctx)
+    heartbeats = HeartbeatWriter(ctx)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        heartbeats.start()
         task = asyncio.create_task(_reaper(ctx, metrics))
         yield
         task.cancel()
         with suppress(asyncio.CancelledError):
             await task
+        await run_in_threadpool(heartbeats.stop)
         ctx.engine.dispose()
 
     app = FastAPI(title="GPUFlex coordinator", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
     app.state.metrics = metrics
+    app.state.heartbeats = heartbeats
     api = APIRouter(prefix=f"/{API_VERSION}")
     for module in (accounts, jobs, nodes, tasks, blobs, market, ledger, governance, operator):
         api.include_router(module.router)

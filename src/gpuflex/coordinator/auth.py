@@ -11,9 +11,10 @@ import secrets
 from typing import Annotated
 
 from fastapi import Depends, Request
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from gpuflex.auth.signing import HEADER_SIGNATURE
+from gpuflex.auth.signing import HEADER_NODE, HEADER_SIGNATURE, verify_request
 from gpuflex.auth.tokens import API_PREFIX, TASK_PREFIX
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import Account, Lease, Node
@@ -68,6 +69,29 @@ async def signed_request(request: Request) -> tuple[str, str, bytes, object]:
 SignedRequest = Annotated[tuple, Depends(signed_request)]
 
 
+async def verified_signature(signed: SignedRequest, ctx: Ctx) -> tuple[str, str]:
+    """The node id and nonce of a request whose signature checks out, read without a transaction: a
+    node's public key never changes (its id is the key's hash), so each replica keeps the keys it has read.
+    Whether the node may still act, and whether the nonce is fresh, is for the caller to check."""
+    node_id = signed[3].get(HEADER_NODE, "")
+    public_key = ctx.node_keys.get(node_id)
+    if public_key is None:
+
+        def read() -> str | None:
+            with ctx.sessions() as s:
+                return s.scalar(select(Node.public_key).where(Node.id == node_id))
+
+        public_key = await run_in_threadpool(read)
+        if public_key is None:
+            raise Unauthorized("unknown node: register first")
+        ctx.node_keys[node_id] = public_key
+    method, path, body, headers = signed
+    nonce = verify_request(
+        public_key, method, path, body, headers, now=ctx.now(), max_skew_s=ctx.settings.signature_max_skew_s
+    )
+    return node_id, nonce
+
+
 async def current_node(signed: SignedRequest, ctx: Ctx) -> Node:
     def check() -> Node:
         with ctx.tx() as s:
@@ -109,6 +133,7 @@ async def consumer_or_node(request: Request, ctx: Ctx, signed: SignedRequest) ->
 Consumer = Annotated[Account, Depends(current_account)]
 Operator = Depends(operator)
 SignedNode = Annotated[Node, Depends(current_node)]
+VerifiedSignature = Annotated[tuple[str, str], Depends(verified_signature)]
 TaskLease = Annotated[Lease, Depends(current_task)]
 BlobReader = Annotated[str, Depends(blob_reader)]
 BlobWriter = Annotated[str, Depends(blob_writer)]

@@ -26,6 +26,7 @@ class CoordinatorContext:
     blobs: BlobStore
     clock: Callable[[], float] = field(default=time.time)
     ledger_key: NodeKey = field(init=False, repr=False)
+    node_keys: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # node id -> public key
     _rules: tuple[float, liveness.Liveness] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:

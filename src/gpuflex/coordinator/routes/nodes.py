@@ -1,13 +1,15 @@
 """Provider nodes: every call is signed with the node's Ed25519 key."""
 
+import asyncio
 import logging
 
 from fastapi import APIRouter, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex.auth.signing import HEADER_NODE, node_id_for
-from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest
+from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest, VerifiedSignature
 from gpuflex.coordinator.db import Node
+from gpuflex.coordinator.heartbeats import Heartbeats
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.services import leases, registry, stakes
 from gpuflex.coordinator.web import tokens
@@ -39,14 +41,15 @@ async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.N
 
 
 @router.post("/heartbeat")
-def heartbeat(body: m.Heartbeat, node: SignedNode, ctx: Ctx, metrics: Metrics) -> m.HeartbeatAck:
-    with ctx.tx() as s:
-        row = s.get(Node, node.id)
-        interval_s = ctx.liveness(s).interval_s
-        registry.beat(row, ctx.now(), interval_s)
-        revoked = leases.renew(s, row, body.leases, ctx.settings, ctx.now())
+async def heartbeat(
+    body: m.Heartbeat, signed: VerifiedSignature, ctx: Ctx, writer: Heartbeats, metrics: Metrics
+) -> m.HeartbeatAck:
+    """Renew leases, learn revocations and the interval; committed together with the heartbeats
+    around it (``coordinator.heartbeats``), answered once committed."""
+    node_id, nonce = signed
+    ack = await asyncio.wrap_future(writer.submit(registry.Beat(node_id, nonce, tuple(body.leases))))
     metrics.heartbeats.inc()
-    return m.HeartbeatAck(heartbeat_interval_s=interval_s, revoked=revoked)
+    return ack
 
 
 @router.post("/lease", responses={204: {"description": "no task for this node now"}})

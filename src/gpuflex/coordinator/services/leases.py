@@ -8,7 +8,9 @@ request carrying an older epoch changes nothing and is refused.
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from collections.abc import Sequence
+
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.auth.tokens import new_task_token, token_hash
@@ -103,18 +105,39 @@ def grant(session: Session, node: Node, settings: CoordinatorSettings, now: floa
     )
 
 
+_RENEW = (
+    update(Lease.__table__)
+    .where(Lease.__table__.c.id == bindparam("lease"), Lease.__table__.c.state == "active")
+    .values(renewed_at=bindparam("now"), expires_at=bindparam("expires"))
+)
+
+
 def renew(
-    session: Session, node: Node, held: list[LeaseHeld], settings: CoordinatorSettings, now: float
-) -> list[str]:
-    """Extend the node's live leases; return the ones it must stop (ended, stale or not its own)."""
-    revoked = []
-    for h in held:
-        lease = session.get(Lease, h.lease_id)
-        if lease is None or lease.node_id != node.id or lease.epoch != h.epoch or lease.state != "active":
-            revoked.append(h.lease_id)
-            continue
-        lease.renewed_at = now
-        lease.expires_at = now + settings.lease_ttl_s
+    session: Session,
+    held: Sequence[tuple[str, Sequence[LeaseHeld]]],
+    settings: CoordinatorSettings,
+    now: float,
+) -> list[list[str]]:
+    """Extend the live leases each node holds (a batch of heartbeats, as (node id, leases held));
+    return, for each, the leases it must stop (ended, stale or not its own). One read, one write."""
+    wanted = {h.lease_id for _, leases in held for h in leases}
+    query = select(Lease.id, Lease.node_id, Lease.epoch, Lease.state).where(Lease.id.in_(wanted))
+    known = {row.id: row for row in session.execute(query)} if wanted else {}
+    revoked: list[list[str]] = []
+    renewed = set()
+    for node_id, leases in held:
+        stop = []
+        for h in leases:
+            lease = known.get(h.lease_id)
+            if lease is None or (lease.node_id, lease.epoch, lease.state) != (node_id, h.epoch, "active"):
+                stop.append(h.lease_id)
+            else:
+                renewed.add(h.lease_id)
+        revoked.append(stop)
+    if renewed:
+        expires = now + settings.lease_ttl_s
+        rows = [{"lease": lease, "now": now, "expires": expires} for lease in sorted(renewed)]
+        session.connection().execute(_RENEW, rows)
     return revoked
 
 

@@ -6,9 +6,10 @@ updates the node in place (new price, new benchmark) instead of making a twin.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import bindparam, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -17,7 +18,7 @@ from gpuflex.coordinator.db import Node, Nonce
 from gpuflex.coordinator.services.liveness import Liveness
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Forbidden, Unauthorized
-from gpuflex.protocol.messages import NodeRegister
+from gpuflex.protocol.messages import LeaseHeld, NodeRegister
 from gpuflex.protocol.money import to_micro
 
 
@@ -86,12 +87,80 @@ def register(
     return node
 
 
-def beat(node: Node, now: float, interval_s: float) -> None:
-    """The node was heard from at ``now`` and told to beat again within ``interval_s``."""
-    node.last_heartbeat_at = now
-    node.heartbeat_interval_s = interval_s
-    node.heartbeats += 1
-    node.state = "online"
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat whose signature was checked: who sent it, its nonce and the leases it holds."""
+
+    node_id: str
+    nonce: str
+    held: tuple[LeaseHeld, ...]
+
+
+_NODES, _NONCES = Node.__table__, Nonce.__table__
+_BEAT = (
+    update(_NODES)
+    .where(_NODES.c.id == bindparam("node"))
+    .values(
+        last_heartbeat_at=bindparam("now"),
+        heartbeat_interval_s=bindparam("interval"),
+        heartbeats=_NODES.c.heartbeats + 1,
+        state="online",
+    )
+)
+
+
+def record_beats(
+    session: Session, beats: Sequence[Beat], *, interval_s: float, now: float
+) -> list[Unauthorized | None]:
+    """Write many heartbeats in the caller's one transaction; for each, in order, None or why it was
+    refused (unknown node, a node that left, a replayed nonce). Its leases are ``leases.renew``'s.
+
+    One statement per kind of row for the whole batch, in node id order, so that two replicas' batches
+    lock rows in the same order and never deadlock.
+    """
+    query = select(Node.id, Node.state).where(Node.id.in_({b.node_id for b in beats}))
+    states = dict(session.execute(query).all())
+    outcome: list[Unauthorized | None] = []
+    for b in beats:
+        state = states.get(b.node_id)
+        if state is None:
+            outcome.append(Unauthorized("unknown node: register first"))
+        elif state == "left":
+            outcome.append(Unauthorized("this node has left; register again to rejoin"))
+        else:
+            outcome.append(None)
+    _burn_nonces(session, beats, outcome, now)
+    rows = [
+        {"node": b.node_id, "now": now, "interval": interval_s}
+        for b, refused in zip(beats, outcome, strict=True)
+        if refused is None
+    ]
+    if rows:
+        session.connection().execute(_BEAT, sorted(rows, key=lambda r: r["node"]))
+    return outcome
+
+
+def _burn_nonces(session: Session, beats: Sequence[Beat], outcome: list, now: float) -> None:
+    """Insert every accepted beat's nonce; a nonce seen before refuses its beat (a replay).
+
+    One insert for the batch; only if it collides are the nonces inserted one by one to find the replay.
+    """
+    fresh = [i for i, refused in enumerate(outcome) if refused is None]
+    rows = [{"node_id": beats[i].node_id, "nonce": beats[i].nonce, "seen_at": now} for i in fresh]
+    if not rows:
+        return
+    try:
+        with session.begin_nested():
+            session.connection().execute(insert(_NONCES), rows)
+        return
+    except IntegrityError:
+        pass
+    for i, row in zip(fresh, rows, strict=True):
+        try:
+            with session.begin_nested():
+                session.connection().execute(insert(_NONCES), [row])
+        except IntegrityError:
+            outcome[i] = Unauthorized("replayed request (nonce already used)")
 
 
 def leave(node: Node, now: float) -> None:

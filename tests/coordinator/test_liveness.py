@@ -15,7 +15,6 @@ from gpuflex.coordinator.services.liveness import fleet_interval_s
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.testing import serve, wait_for
 
-
 JSON = {"Content-Type": "application/json"}
 
 

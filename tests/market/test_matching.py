@@ -1,10 +1,12 @@
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuflex.errors import BadRequest
+from gpuflex.market.index import OfferIndex
 from gpuflex.market.matching import (
     NodeOffer,
     Requirements,
@@ -267,6 +269,8 @@ def test_forbidden_fallback_still_honours_the_quota():
     assert placement.wait_reason == WAITS_FOR_COMMUNITY
 
 
+HOURS = [None, 0.0, 5.0, None, -1.0, 48.0] * 2  # open-ended, ran out, some left
+
 offers_st = st.lists(
     st.builds(
         NodeOffer,
@@ -341,3 +345,28 @@ def test_a_node_whose_offered_hours_ran_out_gets_no_new_task():
     ]
     assert place_aggregator(req(), [spent, fresh], exclude=set()).node_id == "fresh"
     assert place_aggregator(req(), [spent], exclude=set()) is None
+
+
+@given(
+    reqs_st,
+    offers_st.map(lambda offers: [replace(o, hours_left=h) for o, h in zip(offers, HOURS, strict=False)]),
+    st.integers(0, 12),
+    st.sets(st.text("abcdef", min_size=1, max_size=3), max_size=3),
+    st.integers(0, 4),
+)
+def test_the_offer_index_places_exactly_as_the_scan(r, offers, count, exclude, core_already):
+    """Same nodes, same order, same reasons, same wait: the index is only faster."""
+    want = place_workers(r, offers, count=count, exclude=exclude, core_already=core_already)
+    got = OfferIndex(offers).place_workers(r, count=count, exclude=exclude, core_already=core_already)
+    assert got == want
+
+
+@given(reqs_st, offers_st, st.sets(st.text("abcdef", min_size=1, max_size=3), max_size=4), st.data())
+def test_busy_nodes_kept_in_the_index_are_excluded_as_the_scan_excludes_them(r, offers, busy, data):
+    index = OfferIndex(offers)
+    index.set_busy(busy)
+    freed = data.draw(st.sets(st.sampled_from(sorted(busy)), max_size=2) if busy else st.just(set()))
+    index.set_busy(freed, busy=False)
+    extra = data.draw(st.sets(st.text("abcdef", min_size=1, max_size=3), max_size=2))
+    want = place_workers(r, offers, count=r.workers, exclude=(busy - freed) | extra)
+    assert index.place_workers(r, count=r.workers, exclude=extra) == want

@@ -18,7 +18,7 @@ Pure functions over frozen values: the coordinator and the simulator call the sa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -187,27 +187,45 @@ def place_workers(
     eligible = _eligible(offers, exclude, lambda o: not unmet(o, req), _worker_key)
     community = [o for o in eligible if o.kind == "community"]
     core = [o for o in eligible if o.kind == "core"]
-    owed = min(max(req.min_core_workers - core_already, 0), count)  # quota slots this call must fill
-    ranked_core = [(o, _worker_reason(o, i, len(core), "core")) for i, o in enumerate(core)]
-    quota = f"core node: the job asks for at least {_core_workers(req.min_core_workers)}; "
-    choices = [Choice(o.node_id, quota + why) for o, why in ranked_core[:owed]]
-    others = [
-        Choice(o.node_id, _worker_reason(o, i, len(community), "community")) for i, o in enumerate(community)
-    ]
-    spare_core = ranked_core[owed:]
-    if req.core_fallback:
-        fallback = f"; core node because only {_nodes(len(community), 'eligible community')}"
-        others += [Choice(o.node_id, why + fallback) for o, why in spare_core]
-    # Told as the state after this placement, so the next pass, finding the same, says the same.
-    wait_reason = None
-    if len(core) < owed:
-        wait_reason = (
-            f"the job asks for at least {_core_workers(req.min_core_workers)} "
-            f"({core_already + len(core)} so far) and no eligible core node is free"
-        )
-    elif not req.core_fallback and spare_core and len(community) < count - owed:
-        wait_reason = "no eligible community node is free and the job forbids core fallback"
-    return WorkerPlacement(tuple(choices + others[: count - owed]), wait_reason)
+    return Ranked(community, len(community), core, len(core)).placement(req, count, core_already)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """The eligible offers of each kind best first (at least the first ``count`` a placement needs, or
+    all of them), and how many of each kind are eligible in all: what ``place_workers`` decides from,
+    however they were found (a scan here, ``market.index.OfferIndex`` at scale)."""
+
+    community: Sequence[NodeOffer]
+    community_count: int
+    core: Sequence[NodeOffer]
+    core_count: int
+
+    def placement(self, req: Requirements, count: int, core_already: int) -> WorkerPlacement:
+        owed = min(max(req.min_core_workers - core_already, 0), count)  # quota slots this call must fill
+        ranked_core = [
+            (o, _worker_reason(o, i, self.core_count, "core")) for i, o in enumerate(self.core[:count])
+        ]
+        quota = f"core node: the job asks for at least {_core_workers(req.min_core_workers)}; "
+        choices = [Choice(o.node_id, quota + why) for o, why in ranked_core[:owed]]
+        others = [
+            Choice(o.node_id, _worker_reason(o, i, self.community_count, "community"))
+            for i, o in enumerate(self.community[:count])
+        ]
+        spare_core = ranked_core[owed:]
+        if req.core_fallback:
+            fallback = f"; core node because only {_nodes(self.community_count, 'eligible community')}"
+            others += [Choice(o.node_id, why + fallback) for o, why in spare_core]
+        # Told as the state after this placement, so the next pass, finding the same, says the same.
+        wait_reason = None
+        if self.core_count < owed:
+            wait_reason = (
+                f"the job asks for at least {_core_workers(req.min_core_workers)} "
+                f"({core_already + self.core_count} so far) and no eligible core node is free"
+            )
+        elif not req.core_fallback and spare_core and self.community_count < count - owed:
+            wait_reason = "no eligible community node is free and the job forbids core fallback"
+        return WorkerPlacement(tuple(choices + others[: count - owed]), wait_reason)
 
 
 def _core_workers(n: int) -> str:

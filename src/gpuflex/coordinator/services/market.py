@@ -25,13 +25,13 @@ from gpuflex.coordinator.services import governance, ledger, liveness, registry
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.ledger import accounts
 from gpuflex.market import pricing, reputation
+from gpuflex.market.index import OfferIndex
 from gpuflex.market.matching import (
     Choice,
     NodeOffer,
     Requirements,
     WorkerPlacement,
     place_aggregator,
-    place_workers,
 )
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
@@ -172,12 +172,13 @@ def place_pending(session: Session, settings: CoordinatorSettings, now: float) -
     if min_stake > 0:
         bonded = ledger.balances_under(session, accounts.STAKES)
         offers = [o for o in offers if o.kind == "core" or bonded.get(o.node_id, 0) >= min_stake]
+    index = OfferIndex(offers)  # ranked once for the pass, not once per job
     busy = busy_nodes(session)
     placed = 0
     for job_id in dict.fromkeys(t.job_id for t in unplaced):
         job = session.get(Job, job_id)
         tasks = [t for t in unplaced if t.job_id == job_id]
-        placed += _place_job_tasks(session, job, JobSpec.model_validate(job.spec), tasks, offers, busy, now)
+        placed += _place_job_tasks(session, job, JobSpec.model_validate(job.spec), tasks, index, busy, now)
     return placed
 
 
@@ -186,14 +187,14 @@ def _place_job_tasks(
     job: Job,
     spec: JobSpec,
     tasks: list[Task],
-    offers: list[NodeOffer],
+    index: OfferIndex,
     busy: set[str],
     now: float,
 ) -> int:
     req = Requirements.from_spec(spec)
     choices: list[tuple[Task, Choice]] = []
     for task in (t for t in tasks if t.role == "aggregator"):
-        choice = place_aggregator(req, offers, exclude=busy)
+        choice = place_aggregator(req, index.offers, exclude=busy)
         if choice:
             choices.append((task, choice))
             busy.add(choice.node_id)
@@ -201,7 +202,7 @@ def _place_job_tasks(
     waiting: list[Task] = []
     wait_reason = None
     if workers:
-        placement = _place_workers(session, job, spec, req, len(workers), offers, busy)
+        placement = _place_workers(session, job, spec, req, len(workers), index, busy)
         choices.extend(zip(workers, placement.choices, strict=False))
         busy.update(c.node_id for c in placement.choices)
         waiting, wait_reason = workers[len(placement.choices) :], placement.wait_reason
@@ -226,14 +227,15 @@ def _place_workers(
     spec: JobSpec,
     req: Requirements,
     count: int,
-    offers: list[NodeOffer],
+    index: OfferIndex,
     busy: set[str],
 ) -> WorkerPlacement:
     """By rank at the nodes' own prices; an auction job by its auction the first time (which sets
     its clearing price), then each replacement among the nodes asking at most that price."""
     core_already = _workers_on_core(session, job.id)
     if spec.pricing == "fixed":
-        return place_workers(req, offers, count=count, exclude=busy, core_already=core_already)
+        return index.place_workers(req, count=count, exclude=busy, core_already=core_already)
+    offers = index.offers
     if job.clearing_price_micro is None:
         placement, price = pricing.place_auction(req, offers, count=count, exclude=busy)
         if price is not None:

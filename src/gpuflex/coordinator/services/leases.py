@@ -44,10 +44,11 @@ def grant(session: Session, node: Node, settings: CoordinatorSettings, now: floa
     """Lease the next task placed on this node, if any."""
     if session.scalars(select(Lease.id).where(Lease.node_id == node.id, Lease.state == "active")).first():
         return None
-    market.place_pending(session, settings, now)
-    task = session.scalars(
-        select(Task).where(Task.node_id == node.id, Task.state == "pending").order_by(Task.role)
-    ).first()
+    on_offer = node.state == "online" and (node.available_until is None or node.available_until > now)
+    task = _placed_on(session, node) if on_offer else None
+    if task is None:  # nothing waits for it: place what is pending (this unplaces work from gone nodes)
+        market.place_pending(session, settings, now)
+        task = _placed_on(session, node)
     if task is None:
         return None
     claimed = session.execute(
@@ -110,6 +111,13 @@ _RENEW = (
     .where(Lease.__table__.c.id == bindparam("lease"), Lease.__table__.c.state == "active")
     .values(renewed_at=bindparam("now"), expires_at=bindparam("expires"))
 )
+
+
+def _placed_on(session: Session, node: Node) -> Task | None:
+    """The task placed on ``node`` and not yet leased, locked (PostgreSQL: ``SKIP LOCKED``, so a grant
+    never queues behind another replica's grant of the same task; it finds nothing and moves on)."""
+    query = select(Task).where(Task.node_id == node.id, Task.state == "pending").order_by(Task.role).limit(1)
+    return session.scalars(query.with_for_update(skip_locked=True)).first()
 
 
 def renew(

@@ -56,8 +56,9 @@ def _expired(expired: list, metrics: CoordinatorMetrics | None) -> None:
 
 def _find_lost(s: Session, ctx: CoordinatorContext, now: float, metrics: CoordinatorMetrics | None) -> None:
     """Mark silent nodes lost and end their leases at once, so their tasks are re-leased now."""
-    silence = governance_service.liveness(s, ctx.settings, now).lost_after_s
-    for node in registry.mark_lost(s, silence, now):
+    rules = governance_service.liveness(s, ctx.settings, now)
+    silence = rules.lost_after_s
+    for node in registry.mark_lost(s, rules, now):
         log.info("node lost", extra={"node_id": node.id})
         why = f"lost (no heartbeat for {now - node.last_heartbeat_at:.1f}s, limit {silence:g}s)"
         _expired(leases.expire_for_node(s, node.id, now, why), metrics)
@@ -101,7 +102,7 @@ def _past_start_grace(ctx: CoordinatorContext, started: float) -> bool:
     except Exception:
         log.exception("reading the heartbeat rules failed; judging nobody lost this pass")
         return False
-    return ctx.now() - started >= rules.lost_after_s + rules.interval_s
+    return ctx.now() - started >= rules.start_grace_s
 
 
 async def _reaper(ctx: CoordinatorContext, metrics: CoordinatorMetrics) -> None:

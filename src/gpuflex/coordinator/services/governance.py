@@ -18,7 +18,6 @@ the chain that audits the money also audits how its rules changed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import func, select
@@ -30,6 +29,7 @@ from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.ledger import accounts
 from gpuflex.ledger import governance as rules
+from gpuflex.market.liveness import Liveness
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
 
@@ -189,23 +189,6 @@ def _proposed(proposal: Proposal) -> int | float:
 def parameter(session: Session, name: str, settings: CoordinatorSettings, now: float) -> int | float:
     """The value of governable parameter ``name`` in force at ``now``."""
     return _value(name, _in_force(session, name, now), settings)
-
-
-@dataclass(frozen=True)
-class Liveness:
-    """The heartbeat rules in force: how often nodes beat, and when silence makes one suspect or lost."""
-
-    interval_s: float
-    misses: int
-
-    @property
-    def lost_after_s(self) -> float:
-        return self.interval_s * self.misses
-
-    @property
-    def suspect_after_s(self) -> float:
-        """A node that missed a heartbeat is suspected: rounds stop waiting for it, it is not lost yet."""
-        return min(2 * self.interval_s, self.lost_after_s)
 
 
 def liveness(session: Session, settings: CoordinatorSettings, now: float) -> Liveness:

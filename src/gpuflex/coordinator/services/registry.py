@@ -16,6 +16,7 @@ from gpuflex.auth.signing import HEADER_NODE, node_id_for, verify_request
 from gpuflex.coordinator.db import Node, Nonce
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Forbidden, Unauthorized
+from gpuflex.market.liveness import Liveness
 from gpuflex.protocol.messages import NodeRegister
 from gpuflex.protocol.money import to_micro
 
@@ -106,10 +107,9 @@ def hours_left(node: Node, now: float) -> float | None:
     return None if node.available_until is None else max(0.0, node.available_until - now) / 3600
 
 
-def mark_lost(session: Session, lost_after_s: float, now: float) -> list[Node]:
-    """Nodes silent for more than ``lost_after_s`` (``heartbeat_misses`` intervals) are lost."""
-    deadline = now - lost_after_s
-    silent = select(Node).where(Node.state == "online", Node.last_heartbeat_at < deadline)
+def mark_lost(session: Session, rules: Liveness, now: float) -> list[Node]:
+    """Nodes silent for more than ``heartbeat_misses`` intervals are lost (``Liveness.is_lost``)."""
+    silent = select(Node).where(Node.state == "online", Node.last_heartbeat_at < rules.lost_deadline(now))
     lost = list(session.scalars(silent.with_for_update(skip_locked=True)))
     for node in lost:
         node.state = "lost"

@@ -50,7 +50,7 @@ def sim(
 ) -> None:
     """Simulate a network of many nodes with the real market, lease, liveness and pricing code."""
     world = load_scenario(scenario)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     simulation = Simulation(world, nodes=nodes, hours=hours, seed=seed)
     if as_json:
         simulation.run()
@@ -65,7 +65,8 @@ def sim(
             simulation.run(lambda t: bar.update(task, completed=t, h=f"{t / 3600:.1f} h simulated"))
             bar.update(task, completed=simulation.horizon)
     wall_s = time.perf_counter() - started
-    written = report.write(simulation, wall_s, out, bench_results)
+    cpu_s = time.process_time() - cpu_started
+    written = report.write(simulation, wall_s, out, bench_results, cpu_s=cpu_s)
     if as_json:
         print(json.dumps(report.summary(simulation, wall_s)))
         return

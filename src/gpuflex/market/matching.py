@@ -141,6 +141,11 @@ def unmet(offer: NodeOffer, req: Requirements) -> list[str]:
     return [reason for check in _WORKER_CHECKS if (reason := check(offer, req))]
 
 
+def qualifies(offer: NodeOffer, req: Requirements) -> bool:
+    """Whether ``offer`` may host a worker of this job: ``unmet`` is empty (stops at the first reason)."""
+    return not any(check(offer, req) for check in _WORKER_CHECKS)
+
+
 def can_aggregate(offer: NodeOffer, req: Requirements) -> bool:
     """Whether ``offer`` may host this job's aggregator: a core node within the price cap and region."""
     return offer.kind == "core" and not any(check(offer, req) for check in _AGGREGATOR_CHECKS)
@@ -192,20 +197,25 @@ def place_workers(
     """
     if count < 0:
         raise BadRequest(f"worker count must be >= 0, got {count}")
-    eligible = _eligible(offers, exclude, lambda o: not unmet(o, req), worker_rank)
+    eligible = _eligible(offers, exclude, lambda o: qualifies(o, req), worker_rank)
     community = [o for o in eligible if o.kind == "community"]
     core = [o for o in eligible if o.kind == "core"]
     owed = min(max(req.min_core_workers - core_already, 0), count)  # quota slots this call must fill
-    ranked_core = [(o, _worker_reason(o, i, len(core), "core")) for i, o in enumerate(core)]
     quota = f"core node: the job asks for at least {_core_workers(req.min_core_workers)}; "
-    choices = [Choice(o.node_id, quota + why) for o, why in ranked_core[:owed]]
-    others = [
-        Choice(o.node_id, _worker_reason(o, i, len(community), "community")) for i, o in enumerate(community)
+    choices = [
+        Choice(o.node_id, quota + _worker_reason(o, i, len(core), "core")) for i, o in enumerate(core[:owed])
     ]
-    spare_core = ranked_core[owed:]
+    # (offer, rank, of, kind, why it is a core node) in the order taken; reasons are written only
+    # for the nodes chosen: a placement may see thousands of eligible offers
+    others = [(o, i, len(community), "community", "") for i, o in enumerate(community)]
+    spare_core = core[owed:]
     if req.core_fallback:
         fallback = f"; core node because only {_nodes(len(community), 'eligible community')}"
-        others += [Choice(o.node_id, why + fallback) for o, why in spare_core]
+        others += [(o, owed + i, len(core), "core", fallback) for i, o in enumerate(spare_core)]
+    choices += [
+        Choice(o.node_id, _worker_reason(o, i, of, kind) + why)
+        for o, i, of, kind, why in others[: count - owed]
+    ]
     # Told as the state after this placement, so the next pass, finding the same, says the same.
     wait_reason = None
     if len(core) < owed:
@@ -215,7 +225,7 @@ def place_workers(
         )
     elif not req.core_fallback and spare_core and len(community) < count - owed:
         wait_reason = "no eligible community node is free and the job forbids core fallback"
-    return WorkerPlacement(tuple(choices + others[: count - owed]), wait_reason)
+    return WorkerPlacement(tuple(choices), wait_reason)
 
 
 def _core_workers(n: int) -> str:

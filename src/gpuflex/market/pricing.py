@@ -46,6 +46,7 @@ from gpuflex.market.matching import (
     cost_per_useful_tflop,
     place_aggregator,
     place_workers,
+    qualifies,
     unmet,
 )
 from gpuflex.protocol.spec import JobSpec, TrainingSpec
@@ -116,7 +117,7 @@ def auction_pool(req: Requirements, offers: Iterable[NodeOffer], exclude: set[st
     too when community nodes alone cannot fill the job and it allows core fallback."""
     best: dict[str, NodeOffer] = {}
     for o in offers:
-        eligible = o.node_id not in exclude and not unmet(o, req)
+        eligible = o.node_id not in exclude and qualifies(o, req)
         if eligible and (o.node_id not in best or o.price_per_hour < best[o.node_id].price_per_hour):
             best[o.node_id] = o
     community = [o for o in best.values() if o.kind == "community"]

@@ -25,7 +25,9 @@ crash of a lease holder, for validation against a real network).
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -138,8 +140,7 @@ class Simulation:
         self.pop = Population.draw(scenario, scenario.nodes if nodes is None else nodes, self.rng)
         self.churn = Churn(scenario, self.rng)
         self.templates = [t.spec for t in scenario.jobs.templates]
-        self.template_p = np.array([t.share for t in scenario.jobs.templates])
-        self.template_p /= self.template_p.sum()
+        self.template_cdf = list(itertools.accumulate(t.share for t in scenario.jobs.templates))
         self.params = [parameter_count(s.training) for s in self.templates]
         self.template_requirements = [Requirements.from_spec(s) for s in self.templates]
         self.requirements, self.template_class = _classes(self.template_requirements)
@@ -270,7 +271,7 @@ class Simulation:
         last = last_beat_before(self.now, self.session_start[i], self.rules.interval_s)
         self.last_beat[i] = last
         self.beats[i] += round((last - self.session_start[i]) / self.rules.interval_s) + 1
-        if crash:  # silent: the coordinator learns it from the missing beats
+        if crash and self.busy_job[i] != NO_JOB:  # silent: the coordinator learns it from missed beats
             net = self.scenario.network
             seen = noticed_at(
                 self.now,
@@ -280,7 +281,7 @@ class Simulation:
                 reaper_interval_s=net.reaper_interval_s,
             )
             self._at(seen, NOTICED, i, self.session[i])
-        else:  # a clean leave: the task is handed back (released), the node says goodbye
+        elif not crash:  # a clean leave: the task is handed back (released), the node says goodbye
             if self.busy_job[i] != NO_JOB:
                 self._end_lease(i, "released", self.now)
             self.presence_s[i] += self.now - self.online_since[i]
@@ -398,7 +399,7 @@ class Simulation:
 
     def _arrive(self, template: int, _: int) -> None:
         if template < 0:  # the Poisson stream: draw this one's template, schedule the next
-            template = int(self.rng.choice(len(self.templates), p=self.template_p))
+            template = bisect.bisect_right(self.template_cdf, self.churn.uniform() * self.template_cdf[-1])
             self._at(self._next_arrival(), ARRIVE, -1)
         spec = self.templates[template]
         workers = spec.resources.workers

@@ -30,7 +30,7 @@ from gpuflex.market.matching import (
 from gpuflex.market.pricing import Ask, ask_rank
 from gpuflex.sim.population import Population
 
-Entry = tuple[tuple, int, int]  # (rank, node, version)
+Entry = tuple  # (*rank, node, version): flat, so the heaps compare plain numbers first
 REPLACEMENT_POOL = 64  # an auction job's replacement is ranked among this many of the cheapest asks
 
 
@@ -79,7 +79,7 @@ class CandidateIndex:
         offer = self.offers[i] = self.pop.offer(i, reliability=reliability)
         profile = self.pop.profile[i]
         core = i < self.pop.n_core
-        entry = (worker_rank(offer), i, version)
+        entry = (*worker_rank(offer), i, version)
         ask = None
         self.gained_workers.update(self.worker_classes[profile])
         self.gained_aggregators.update(self.aggregator_classes[profile])
@@ -88,13 +88,13 @@ class CandidateIndex:
             if self.auction[c]:
                 if ask is None:
                     rank = ask_rank(Ask(offer.node_id, offer.price_per_hour, cost_per_useful_tflop(offer)))
-                    ask = (rank, i, version)
+                    ask = (*rank, i, version)
                 heapq.heappush((self.asks_core if core else self.asks_community)[c], ask)
-        aggregator = (aggregator_rank(offer), i, version)
+        aggregator = (*aggregator_rank(offer), i, version)
         for c in self.aggregator_classes[profile]:
             heapq.heappush(self.aggregators[c], aggregator)
         self._pushed += 1
-        if self._pushed > 2 * self.pop.n + 1000:
+        if self._pushed > self.pop.n + 1000:
             self._compact()
 
     def remove(self, i: int) -> None:
@@ -106,7 +106,7 @@ class CandidateIndex:
             del self.offers[i]
 
     def _valid(self, entry: Entry) -> bool:
-        _, i, version = entry
+        i, version = entry[-2], entry[-1]
         return self.free[i] and self.version[i] == version
 
     def _take(
@@ -121,8 +121,8 @@ class CandidateIndex:
             if not self._valid(entry):
                 continue
             taken.append((heap, entry))
-            if price[entry[1]] <= max_price:
-                seen.add(entry[1])
+            if price[entry[-2]] <= max_price:
+                seen.add(entry[-2])
                 found += 1
             elif by_price:
                 break
@@ -176,7 +176,7 @@ class CandidateIndex:
     def give_back(self, candidates: Candidates, chosen: set[int]) -> None:
         """Entries of nodes not chosen go back where they came from."""
         for heap, entry in candidates.taken:
-            if entry[1] not in chosen:
+            if entry[-2] not in chosen:
                 heapq.heappush(heap, entry)
 
     def _compact(self) -> None:

@@ -65,8 +65,18 @@ class Population:
             gpu_names=[g.name for g in gpus],
             region_names=[r.name for r in regions],
         )
+        pop._columns_as_lists()
         pop._profile()
         return pop
+
+    def _columns_as_lists(self) -> None:
+        """Plain lists of what ``offer`` reads: indexing numpy one element at a time is slow."""
+        self._price = self.price.tolist()
+        self._tflops = self.tflops.tolist()
+        self._vram = self.vram_gb.tolist()
+        self._gpus = [(name,) for name in self.gpu_names]
+        self._gpu = self.gpu.tolist()
+        self._region = self.region.tolist()
 
     def _profile(self) -> None:
         core = np.arange(self.n) < self.n_core
@@ -81,16 +91,17 @@ class Population:
 
     def offer(self, i: int, *, reliability: float) -> NodeOffer:
         """Node ``i`` as the market sees it (the same value ``services.market.offer_of`` builds)."""
+        node_id = self.node_id(i)
         return NodeOffer(
-            node_id=self.node_id(i),
-            name=self.node_id(i),
-            kind="core" if i < self.n_core else "community",
-            price_per_hour=float(self.price[i]),
-            tflops=float(self.tflops[i]),
-            vram_gb=float(self.vram_gb[i]),
-            gpus=(self.gpu_names[self.gpu[i]],),
-            region=self.region_names[self.region[i]],
-            reliability=reliability,
+            node_id,
+            node_id,
+            "core" if i < self.n_core else "community",
+            self._price[i],
+            self._tflops[i],
+            self._vram[i],
+            self._gpus[self._gpu[i]],
+            self.region_names[self._region[i]],
+            reliability,
         )
 
 

@@ -61,7 +61,7 @@ def summary(sim: Simulation, wall_s: float) -> dict:
     }
 
 
-def build(sim: Simulation, wall_s: float, bench_results: Path | None) -> dict:
+def build(sim: Simulation, wall_s: float, bench_results: Path | None, cpu_s: float | None = None) -> dict:
     jobs = sim.jobs
     completed = [j for j in jobs if j.state == "completed"]
     samples = sim.samples
@@ -81,6 +81,7 @@ def build(sim: Simulation, wall_s: float, bench_results: Path | None) -> dict:
     states = {s: sum(j.state == s for j in jobs) for s in ("pending", "running", "completed", "failed")}
     report = {
         **summary(sim, wall_s),
+        "cpu_s": None if cpu_s is None else round(cpu_s, 3),  # this process's CPU time for the same span
         "scenario": sim.scenario.name,
         "seed": sim.scenario.seed,
         "core_nodes": sim.pop.n_core,
@@ -130,9 +131,11 @@ def _bandwidth(sim: Simulation, path: Path | None) -> dict:
     }
 
 
-def write(sim: Simulation, wall_s: float, out: Path, bench_results: Path | None) -> dict:
+def write(
+    sim: Simulation, wall_s: float, out: Path, bench_results: Path | None, *, cpu_s: float | None = None
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    report = build(sim, wall_s, bench_results)
+    report = build(sim, wall_s, bench_results, cpu_s)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     _plot_utilization(report, out / "utilization.png")
     _plot_completion(sim, out / "completion_times.png")

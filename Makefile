@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "GPUFlex needs Python >= 3.11 (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	# torch==2.13.0 again: without it pip's resolver may trade the CPU build for a newer (CUDA) one
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' torch==2.13.0
 	@touch $(STAMP)
 
 demo: $(STAMP)

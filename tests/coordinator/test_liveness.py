@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from gpuflex.coordinator.app import create_app, reap_once
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import Lease, Node, make_engine, make_sessionmaker
-from gpuflex.coordinator.services.liveness import fleet_interval_s
+from gpuflex.market.liveness import fleet_interval_s
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.testing import serve, wait_for
 

@@ -18,6 +18,7 @@ from gpuflex.cli import (
     node_wallet,
     operator,
     provider,
+    sim,
     train,
 )
 from gpuflex.errors import GPUFlexError
@@ -45,6 +46,7 @@ app.add_typer(train.train_app, name="train")
 app.add_typer(governance.governance_app, name="governance")
 app.add_typer(operator.operator_app, name="operator")
 app.command("slashes")(operator.slashes)
+app.command("sim")(sim.sim)
 
 
 def main() -> None:

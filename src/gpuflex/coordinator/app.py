@@ -107,7 +107,7 @@ def _past_start_grace(ctx: CoordinatorContext, started: float) -> bool:
     except Exception:
         log.exception("reading the heartbeat rules failed; judging nobody lost this pass")
         return False
-    return ctx.now() - started >= rules.lost_after_s + rules.interval_s
+    return ctx.now() - started >= rules.start_grace_s
 
 
 async def _reaper(ctx: CoordinatorContext, metrics: CoordinatorMetrics) -> None:

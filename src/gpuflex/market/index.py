@@ -25,13 +25,13 @@ from gpuflex.market.matching import (
     Requirements,
     WorkerPlacement,
     _accelerator,
-    _worker_key,
+    worker_rank,
 )
 
 
 class OfferIndex:
     def __init__(self, offers: Iterable[NodeOffer]):
-        self.offers = sorted(offers, key=_worker_key)
+        self.offers = sorted(offers, key=worker_rank)
         self.position = {o.node_id: i for i, o in enumerate(self.offers)}
         if len(self.position) != len(self.offers):
             raise ValueError("an OfferIndex holds one offer per node")

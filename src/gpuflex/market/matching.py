@@ -141,17 +141,30 @@ def unmet(offer: NodeOffer, req: Requirements) -> list[str]:
     return [reason for check in _WORKER_CHECKS if (reason := check(offer, req))]
 
 
+def qualifies(offer: NodeOffer, req: Requirements) -> bool:
+    """Whether ``offer`` may host a worker of this job: ``unmet`` is empty (stops at the first reason)."""
+    return not any(check(offer, req) for check in _WORKER_CHECKS)
+
+
+def can_aggregate(offer: NodeOffer, req: Requirements) -> bool:
+    """Whether ``offer`` may host this job's aggregator: a core node within the price cap and region."""
+    return offer.kind == "core" and not any(check(offer, req) for check in _AGGREGATOR_CHECKS)
+
+
 def cost_per_useful_tflop(offer: NodeOffer) -> float:
     """Credits per hour per useful TFLOPS; infinite when the node does no useful work."""
     useful = offer.tflops * offer.reliability
     return offer.price_per_hour / useful if useful > 0 else math.inf
 
 
-def _worker_key(offer: NodeOffer) -> tuple[float, float, str]:
+def worker_rank(offer: NodeOffer) -> tuple[float, float, str]:
+    """The order workers are placed in: cost per useful TFLOP, then price, then node id. An index kept
+    in this order (the simulator's) hands ``place_workers`` the same best candidates it would find."""
     return (cost_per_useful_tflop(offer), offer.price_per_hour, offer.node_id)
 
 
-def _aggregator_key(offer: NodeOffer) -> tuple[float, str]:
+def aggregator_rank(offer: NodeOffer) -> tuple[float, str]:
+    """The order aggregators are placed in: price, then node id."""
     return (offer.price_per_hour, offer.node_id)
 
 
@@ -184,7 +197,7 @@ def place_workers(
     """
     if count < 0:
         raise BadRequest(f"worker count must be >= 0, got {count}")
-    eligible = _eligible(offers, exclude, lambda o: not unmet(o, req), _worker_key)
+    eligible = _eligible(offers, exclude, lambda o: qualifies(o, req), worker_rank)
     community = [o for o in eligible if o.kind == "community"]
     core = [o for o in eligible if o.kind == "core"]
     return Ranked(community, len(community), core, len(core)).placement(req, count, core_already)
@@ -250,10 +263,7 @@ def place_aggregator(req: Requirements, offers: Iterable[NodeOffer], *, exclude:
     Only availability, the price cap and the region apply: aggregation needs little compute.
     """
 
-    def ok(o: NodeOffer) -> bool:
-        return o.kind == "core" and not any(check(o, req) for check in _AGGREGATOR_CHECKS)
-
-    eligible = _eligible(offers, exclude, ok, _aggregator_key)
+    eligible = _eligible(offers, exclude, lambda o: can_aggregate(o, req), aggregator_rank)
     if not eligible:
         return None
     best = eligible[0]

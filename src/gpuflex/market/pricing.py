@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from gpuflex.errors import BadRequest
 from gpuflex.market.matching import (
@@ -45,9 +46,12 @@ from gpuflex.market.matching import (
     cost_per_useful_tflop,
     place_aggregator,
     place_workers,
+    qualifies,
     unmet,
 )
 from gpuflex.protocol.spec import JobSpec, TrainingSpec
+
+Price = TypeVar("Price", int, float)  # credits per hour, or micro-credits per hour
 
 # -- the model's assumptions, each with where it comes from --------------------------------------
 # Achieved training FLOP/s ÷ the node's benchmarked TFLOPS. Measured on the project's 2-core dev
@@ -92,7 +96,7 @@ class Clearing:
     short: str | None = None
 
 
-def _ask_key(ask: Ask) -> tuple[float, float, str]:
+def ask_rank(ask: Ask) -> tuple[float, float, str]:
     return (ask.price, ask.cost_per_useful_tflop, ask.node_id)
 
 
@@ -100,7 +104,7 @@ def clear_auction(asks: Iterable[Ask], k: int, max_price: float) -> Clearing:
     """The k lowest asks win; each is paid the (k+1)-th lowest ask, or ``max_price`` if there is none."""
     if k < 1:
         raise BadRequest(f"an auction needs k >= 1 winners, got {k}")
-    eligible = sorted((a for a in asks if a.price <= max_price), key=_ask_key)  # NaN asks never qualify
+    eligible = sorted((a for a in asks if a.price <= max_price), key=ask_rank)  # NaN asks never qualify
     if len(eligible) < k:
         short = f"the auction needs {k} eligible asks at most {max_price:.3f}/h and has {len(eligible)}"
         return Clearing((), None, len(eligible), short)
@@ -113,7 +117,7 @@ def auction_pool(req: Requirements, offers: Iterable[NodeOffer], exclude: set[st
     too when community nodes alone cannot fill the job and it allows core fallback."""
     best: dict[str, NodeOffer] = {}
     for o in offers:
-        eligible = o.node_id not in exclude and not unmet(o, req)
+        eligible = o.node_id not in exclude and qualifies(o, req)
         if eligible and (o.node_id not in best or o.price_per_hour < best[o.node_id].price_per_hour):
             best[o.node_id] = o
     community = [o for o in best.values() if o.kind == "community"]
@@ -193,7 +197,8 @@ def tokens_per_step(training: TrainingSpec) -> int:
     return training.batch_size
 
 
-def _bytes_per_value(training: TrainingSpec) -> float:
+def bytes_per_value(training: TrainingSpec) -> float:
+    """Bytes one parameter takes on the wire under the job's compression (top-k: its indices too)."""
     c = training.compression
     if c.method != "topk":
         return _BYTES_PER_VALUE[c.method]
@@ -293,13 +298,12 @@ def _estimate(
 ) -> Quote:
     training = spec.training
     params = parameter_count(training)
-    flops = None if params is None else 6 * params * tokens_per_step(training) / training.local_devices
 
     def step_s(o: NodeOffer, efficiency: float) -> float | None:
-        return None if flops is None else flops / (max(o.tflops, 1e-9) * 1e12 * efficiency)
+        return step_seconds(training, o.tflops, efficiency)
 
     def duration(slowest: NodeOffer, efficiency: float, extra_rounds: int) -> float:
-        return (training.rounds + extra_rounds) * _round_s(training, step_s(slowest, efficiency), params)
+        return (training.rounds + extra_rounds) * round_seconds(training, step_s(slowest, efficiency), params)
 
     def paid(o: NodeOffer) -> float:
         return o.price_per_hour if clearing is None else clearing
@@ -345,14 +349,37 @@ def _estimate(
     )
 
 
-def _round_s(training: TrainingSpec, step_s: float | None, params: int | None) -> float:
-    """Seconds of one round: compute on the slowest worker, then (or, with overlap, during) the exchange."""
+def step_seconds(training: TrainingSpec, tflops: float, efficiency: float = EFFICIENCY) -> float | None:
+    """Seconds of one inner step on a node of ``tflops`` benchmarked TFLOPS: 6 x parameters x tokens
+    FLOPs at ``efficiency`` of it (÷ ``local_devices``); None when the model's size is unknown."""
+    params = parameter_count(training)
+    if params is None:
+        return None
+    flops = 6 * params * tokens_per_step(training) / training.local_devices
+    return flops / (max(tflops, 1e-9) * 1e12 * efficiency)
+
+
+def round_seconds(
+    training: TrainingSpec,
+    step_s: float | None,
+    params: int | None,
+    *,
+    link_bytes_per_s: float = LINK_BYTES_PER_S,
+    overhead_s: float = ROUND_OVERHEAD_S,
+) -> float:
+    """Seconds of one round: compute on the slowest worker, then (or, with overlap, during) the exchange
+    of one compressed update up and one down over ``link_bytes_per_s``, plus ``overhead_s``."""
     compute = training.round_seconds if step_s is None else training.inner_steps * step_s
     if training.round_seconds is not None:
         compute = min(compute, training.round_seconds)
-    moved = 0.0 if params is None else 2 * params * _bytes_per_value(training) / LINK_BYTES_PER_S
-    exchange = moved + ROUND_OVERHEAD_S
+    moved = 0.0 if params is None else 2 * params * bytes_per_value(training) / link_bytes_per_s
+    exchange = moved + overhead_s
     return max(compute, exchange) if training.overlap else compute + exchange
+
+
+def lease_price(role: str, own: Price, clearing: Price | None) -> Price:
+    """What a lease is metered at: the node's own price, or its job's auction clearing price for a worker."""
+    return clearing if role == "worker" and clearing is not None else own
 
 
 def _problems(

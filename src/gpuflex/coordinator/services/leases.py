@@ -19,6 +19,8 @@ from gpuflex.coordinator.services import market
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Conflict, Forbidden, NotFound, Unauthorized
 from gpuflex.ledger.metering import lease_cost_micro
+from gpuflex.market.liveness import lease_expires_at
+from gpuflex.market.pricing import lease_price
 from gpuflex.protocol.messages import LeaseGrant, LeaseHeld, LeaseReport, TaskConfig
 from gpuflex.protocol.spec import JobSpec
 
@@ -31,9 +33,7 @@ def metered_cost(lease: Lease, now: float) -> int:
 
 def _price_micro(job: Job, task: Task, node: Node) -> int:
     """What a lease is metered at: the node's own price, or its job's auction clearing price for a worker."""
-    if task.role == "worker" and job.clearing_price_micro is not None:
-        return job.clearing_price_micro
-    return node.price_micro
+    return lease_price(task.role, node.price_micro, job.clearing_price_micro)
 
 
 def _event(session: Session, job_id: str, now: float, message: str) -> None:
@@ -71,7 +71,7 @@ def grant(session: Session, node: Node, settings: CoordinatorSettings, now: floa
         state="active",
         granted_at=now,
         renewed_at=now,
-        expires_at=now + settings.lease_ttl_s,
+        expires_at=lease_expires_at(now, settings.lease_ttl_s),
         price_micro=_price_micro(job, task, node),
     )
     session.add(lease)
@@ -143,7 +143,7 @@ def renew(
                 renewed.add(h.lease_id)
         revoked.append(stop)
     if renewed:
-        expires = now + settings.lease_ttl_s
+        expires = lease_expires_at(now, settings.lease_ttl_s)
         rows = [{"lease": lease, "now": now, "expires": expires} for lease in sorted(renewed)]
         session.connection().execute(_RENEW, rows)
     return revoked

@@ -10,36 +10,13 @@ faster rule, whichever way the fleet or the governed base moved since.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.services import governance
 from gpuflex.coordinator.settings import CoordinatorSettings
-
-
-@dataclass(frozen=True)
-class Liveness:
-    """The heartbeat rules in force: how often nodes beat, and when silence makes one suspect or lost."""
-
-    interval_s: float
-    misses: int
-
-    @property
-    def lost_after_s(self) -> float:
-        return self.interval_s * self.misses
-
-    @property
-    def suspect_after_s(self) -> float:
-        """A node that missed a heartbeat is suspected: rounds stop waiting for it, it is not lost yet."""
-        return min(2 * self.interval_s, self.lost_after_s)
-
-
-def fleet_interval_s(base_s: float, online_nodes: int, max_rate_per_s: float) -> float:
-    """The interval that keeps ``online_nodes`` beating at most ``max_rate_per_s`` times a second."""
-    return max(base_s, online_nodes / max_rate_per_s)
+from gpuflex.market.liveness import Liveness, fleet_interval_s
 
 
 def online_nodes(session: Session) -> int:

@@ -26,13 +26,8 @@ from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.ledger import accounts
 from gpuflex.market import pricing, reputation
 from gpuflex.market.index import OfferIndex
-from gpuflex.market.matching import (
-    Choice,
-    NodeOffer,
-    Requirements,
-    WorkerPlacement,
-    place_aggregator,
-)
+from gpuflex.market.matching import NodeOffer, Requirements
+from gpuflex.market.placement import place_job, staked
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.protocol.spec import JobSpec
@@ -170,8 +165,7 @@ def place_pending(session: Session, settings: CoordinatorSettings, now: float) -
     offers = [offer_of(n, now, scores[n.id]) for n in online]
     min_stake = to_micro(governance.parameter(session, "min_stake", settings, now))
     if min_stake > 0:
-        bonded = ledger.balances_under(session, accounts.STAKES)
-        offers = [o for o in offers if o.kind == "core" or bonded.get(o.node_id, 0) >= min_stake]
+        offers = staked(offers, ledger.balances_under(session, accounts.STAKES), min_stake)
     index = OfferIndex(offers)  # ranked once for the pass, not once per job
     busy = busy_nodes(session)
     placed = 0
@@ -191,21 +185,27 @@ def _place_job_tasks(
     busy: set[str],
     now: float,
 ) -> int:
-    req = Requirements.from_spec(spec)
-    choices: list[tuple[Task, Choice]] = []
-    for task in (t for t in tasks if t.role == "aggregator"):
-        choice = place_aggregator(req, index.offers, exclude=busy)
-        if choice:
-            choices.append((task, choice))
-            busy.add(choice.node_id)
+    """Decide with ``market.placement.place_job`` (shared with the simulator) and write it down."""
     workers = [t for t in tasks if t.role == "worker"]
-    waiting: list[Task] = []
-    wait_reason = None
-    if workers:
-        placement = _place_workers(session, job, spec, req, len(workers), index, busy)
-        choices.extend(zip(workers, placement.choices, strict=False))
-        busy.update(c.node_id for c in placement.choices)
-        waiting, wait_reason = workers[len(placement.choices) :], placement.wait_reason
+    aggregators = [t for t in tasks if t.role == "aggregator"]
+    clearing = None if job.clearing_price_micro is None else to_credits(job.clearing_price_micro)
+    decision = place_job(
+        Requirements.from_spec(spec),
+        spec.pricing,
+        index.offers,
+        index=index,
+        aggregator=bool(aggregators),
+        workers=len(workers),
+        busy=busy,
+        core_already=_workers_on_core(session, job.id) if workers else 0,
+        clearing_price=clearing,
+    )
+    if decision.clearing_price is not None:
+        job.clearing_price_micro = to_micro(decision.clearing_price)
+    busy.update(decision.chosen)
+    choices = list(zip(workers, decision.workers.choices, strict=False))
+    if decision.aggregator:
+        choices.insert(0, (aggregators[0], decision.aggregator))
     for task, choice in choices:
         task.node_id, task.placement = choice.node_id, choice.reason
         session.add(
@@ -215,36 +215,11 @@ def _place_job_tasks(
                 message=f"{task.role} {task.index} placed on {choice.node_id}: {choice.reason}",
             )
         )
-    _note_waiting(session, job.id, waiting, wait_reason, now)
+    waiting = workers[len(decision.workers.choices) :]
+    _note_waiting(session, job.id, waiting, decision.workers.wait_reason if workers else None, now)
     if job.state == "pending" and choices and _all_placed(session, job):
         job.state = "scheduled"
     return len(choices)
-
-
-def _place_workers(
-    session: Session,
-    job: Job,
-    spec: JobSpec,
-    req: Requirements,
-    count: int,
-    index: OfferIndex,
-    busy: set[str],
-) -> WorkerPlacement:
-    """By rank at the nodes' own prices; an auction job by its auction the first time (which sets
-    its clearing price), then each replacement among the nodes asking at most that price."""
-    core_already = _workers_on_core(session, job.id)
-    if spec.pricing == "fixed":
-        return index.place_workers(req, count=count, exclude=busy, core_already=core_already)
-    offers = index.offers
-    if job.clearing_price_micro is None:
-        placement, price = pricing.place_auction(req, offers, count=count, exclude=busy)
-        if price is not None:
-            job.clearing_price_micro = to_micro(price)
-        return placement
-    clearing = to_credits(job.clearing_price_micro)
-    return pricing.place_replacement(
-        req, offers, clearing, count=count, exclude=busy, core_already=core_already
-    )
 
 
 def _workers_on_core(session: Session, job_id: str) -> int:

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session
 
 from gpuflex.auth.signing import HEADER_NODE, node_id_for, verify_request
 from gpuflex.coordinator.db import Node, Nonce
-from gpuflex.coordinator.services.liveness import Liveness
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Forbidden, Unauthorized
+from gpuflex.market.liveness import Liveness
 from gpuflex.protocol.messages import LeaseHeld, NodeRegister
 from gpuflex.protocol.money import to_micro
 
@@ -187,7 +187,7 @@ def mark_lost(session: Session, rules: Liveness, now: float, *, limit: int) -> l
     for that many of the fleet's intervals now and of the interval each was last told, whichever is longer."""
     silent = select(Node).where(
         Node.state == "online",
-        Node.last_heartbeat_at < now - rules.lost_after_s,
+        Node.last_heartbeat_at < rules.lost_deadline(now),
         or_(
             Node.heartbeat_interval_s.is_(None),
             Node.last_heartbeat_at < now - rules.misses * Node.heartbeat_interval_s,

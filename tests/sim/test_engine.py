@@ -1,0 +1,84 @@
+"""The event engine on small worlds: its bookkeeping holds whatever the seed, and batching unchanged
+rounds into one event changes nothing."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuflex.sim import engine
+from gpuflex.sim.engine import NO_JOB, Simulation
+from gpuflex.sim.scenario import parse_scenario
+
+
+def _holders(sim: Simulation) -> dict[int, int]:
+    """Every node holding a lease, with its job; asserts no node holds two."""
+    held: dict[int, int] = {}
+    for job in sim.jobs:
+        for i in [job.aggregator, *job.workers] if job.aggregator != NO_JOB else list(job.workers):
+            assert i not in held, f"node {i} is leased by jobs {held[i]} and {job.id}"
+            held[i] = job.id
+    return held
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 1_000_000), nodes=st.integers(20, 300), crash=st.floats(0, 1))
+def test_every_job_is_accounted_for_and_no_node_is_leased_twice(make_scenario, seed, nodes, crash):
+    availability = {"session_hours_median": 1, "offline_hours_median": 1, "crash_share": crash}
+    sim = Simulation(make_scenario(availability=availability), nodes=nodes, seed=seed).run()
+    states = [j.state for j in sim.jobs]
+    assert len(states) == sum(states.count(s) for s in ("pending", "running", "completed", "failed"))
+    for job in sim.jobs:
+        if job.state == "completed":
+            assert job.rounds_done == job.spec.training.rounds or job.cost_micro > 0
+            assert job.finished_at >= job.started_at >= job.arrived_at
+        if job.state in ("completed", "failed"):
+            assert not job.workers and job.aggregator == NO_JOB  # a finished job holds nothing
+    held = _holders(sim)
+    assert {i for i in range(sim.pop.n) if sim.busy_job[i] != NO_JOB} == set(held)
+    assert all(sim.busy_job[i] == job for i, job in held.items())
+    assert sim.n_busy == len(held) and sim.n_online == sum(sim.online)
+    times = [s.t for s in sim.samples]
+    assert times == sorted(times)
+    assert sim.count.useful_worker_s <= sim.count.paid_worker_s * (1 + 1e-9)
+
+
+def test_one_event_per_stretch_of_rounds_gives_what_one_event_per_round_gives(make_scenario, monkeypatch):
+    def run(one_by_one: bool) -> tuple:
+        sim = Simulation(make_scenario(), nodes=300, hours=6, seed=3)
+        if one_by_one:
+            stretch = sim._stretch
+            monkeypatch.setattr(sim, "_stretch", lambda job, start, rounds: stretch(job, start, 1))
+        sim.run()
+        jobs = [(j.state, j.rounds_done, j.worker_rounds, j.reassignments, j.cost_micro) for j in sim.jobs]
+        return jobs, round(sim.count.useful_worker_s, 3), round(sim.count.paid_worker_s, 3), sim.count.events
+
+    batched, per_round = run(False), run(True)
+    assert batched[:3] == per_round[:3]
+    assert batched[3] < per_round[3]  # and it took fewer events
+
+
+def test_a_seed_replays_the_same_run(make_scenario):
+    runs = [Simulation(make_scenario(), nodes=150, seed=9).run() for _ in range(2)]
+    assert [(j.state, j.cost_micro) for j in runs[0].jobs] == [(j.state, j.cost_micro) for j in runs[1].jobs]
+    assert runs[0].count.events == runs[1].count.events
+
+
+def test_a_crash_is_noticed_by_the_liveness_rule_and_its_lease_re_assigned(raw_scenario):
+    data = raw_scenario(
+        availability={"session_hours_median": 1e4, "session_sigma": 0, "offline_hours_median": 1e-6}
+    )
+    data["jobs"]["templates"][0]["spec"]["training"]["rounds"] = 60  # outlasts the 6 s it takes to notice
+    sim = Simulation(
+        parse_scenario(data),
+        nodes=30,
+        hours=1,
+        arrivals=[(0.0, 0)],
+        faults=[
+            engine.Fault(job=0, after_round=2, role="worker"),
+            engine.Fault(job=0, after_round=4, role="aggregator"),
+        ],
+    ).run()
+    job = sim.jobs[0]
+    assert job.state == "completed" and job.rounds_done == 60
+    assert job.reassignments == 2 and sim.count.crashes_noticed == 2

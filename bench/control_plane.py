@@ -233,7 +233,9 @@ def storage_heartbeats(url: str, keys: list[NodeKey], seconds: float, batch: int
     return round(rate, 1)
 
 
-def leases(url: str, keys: list[NodeKey], cores: int, args) -> tuple[float, int, dict[int, int]]:
+def leases(
+    url: str, database_url: str, keys: list[NodeKey], cores: int, args
+) -> tuple[float, int, dict[int, int]]:
     """Jobs for every node, placed by the reaper; then every node asks for its task at once."""
     consumer = Client(url)
     token = consumer.create_account("bench").token
@@ -254,7 +256,7 @@ def leases(url: str, keys: list[NodeKey], cores: int, args) -> tuple[float, int,
     statuses, _, wall = load(
         [url], keys, LEASE, b"", seconds=120, procs=args.load_procs, conns=args.concurrency, once=True
     )
-    engine = make_engine(url)
+    engine = make_engine(database_url)
     with make_sessionmaker(engine)() as s:
         live = select(Lease.task_id, Lease.node_id).where(Lease.state == "active")
         rows = s.execute(live).all()
@@ -341,9 +343,11 @@ def run_backend(backend: str, args) -> dict:
                 statuses = {k: statuses.get(k, 0) + more.get(k, 0) for k in {*statuses, *more}}
             result["http_errors"] = sum(v for k, v in statuses.items() if k != 200)
             result["leases_per_s"], result["double_assignments"], lease_statuses = leases(
-                first, keys, cores, args
+                first, url, keys, cores, args
             )
             result["lease_errors"] = sum(v for k, v in lease_statuses.items() if k != 200)
+            if result["lease_errors"] or result["http_errors"]:
+                print(f"heartbeats: {statuses}, leases: {lease_statuses}", file=sys.stderr)
         result["storage_heartbeats_per_s"] = storage_heartbeats(url, keys, args.seconds)
     result.update(matching([10_000, 100_000], args.queries))
     result["backend"] = backend

@@ -22,7 +22,8 @@ from gpuflex.coordinator.services import accounts, leases, registry
 from gpuflex.errors import Forbidden, Unauthorized
 
 
-def get_context(request: Request) -> CoordinatorContext:
+async def get_context(request: Request) -> CoordinatorContext:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop per request
     return request.app.state.ctx
 
 

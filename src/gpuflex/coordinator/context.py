@@ -4,9 +4,10 @@ heartbeat rules, cached briefly because every heartbeat needs them."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
@@ -28,9 +29,14 @@ class CoordinatorContext:
     ledger_key: NodeKey = field(init=False, repr=False)
     node_keys: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # node id -> public key
     _rules: tuple[float, liveness.Liveness] | None = field(default=None, init=False, repr=False)
+    _one_writer: AbstractContextManager = field(default_factory=nullcontext, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.ledger_key = self.settings.resolved_ledger_key()
+        if self.engine.dialect.name == "sqlite":
+            # SQLite has one writer at a time (every transaction here is BEGIN IMMEDIATE): queue this
+            # process's writers on a lock, not on SQLite's busy handler, which sleeps up to 100 ms a try.
+            self._one_writer = threading.RLock()
 
     def now(self) -> float:
         return self.clock()
@@ -38,7 +44,11 @@ class CoordinatorContext:
     @contextmanager
     def tx(self) -> Iterator[Session]:
         """One transaction: committed when the block ends, rolled back (nothing written) on error."""
-        with self.sessions(info={ledger.SIGNING_KEY: self.ledger_key}) as session, session.begin():
+        with (
+            self._one_writer,
+            self.sessions(info={ledger.SIGNING_KEY: self.ledger_key}) as session,
+            session.begin(),
+        ):
             yield session
 
     def liveness(self, session: Session) -> liveness.Liveness:

@@ -88,7 +88,7 @@ class HeartbeatWriter:
                 done.set_result(HeartbeatAck(heartbeat_interval_s=interval_s, revoked=stop))
 
 
-def get_heartbeats(request: Request) -> HeartbeatWriter:
+async def get_heartbeats(request: Request) -> HeartbeatWriter:
     return request.app.state.heartbeats
 
 

@@ -88,7 +88,7 @@ class CoordinatorMetrics:
         return generate_latest(self.registry)
 
 
-def get_metrics(request: Request) -> CoordinatorMetrics:
+async def get_metrics(request: Request) -> CoordinatorMetrics:
     return request.app.state.metrics
 
 

@@ -8,6 +8,8 @@ coordinator and the simulator run the same code.
                 cost per useful TFLOP (a job's core quota, then community, then core as fallback
                 unless the job forbids it), aggregator placement; no task on a node whose
                 offered hours ran out
+- ``index``     ``OfferIndex``: the offers ranked once, each requirement an array, so placing workers
+                among 100,000 offers takes about a millisecond (the same choices as ``matching``)
 - ``reputation`` one reliability score in [0, 1] per node: heartbeat uptime x lease completion x
                 audit record, each smoothed by a stated prior (a new node scores 0.675)
 - ``query``     the offer query language (``vram>=16 price<=0.5 region in [eu, us]``) and sort

@@ -48,7 +48,10 @@ class Population:
         price[:n_core] = round(scenario.core.price_per_hour, 2)
         bw = scenario.links.bandwidth_mbps
         mbps = np.exp(rng.uniform(math.log(max(bw.low, 1e-3)), math.log(max(bw.high, 1e-3)), size=n))
+        mbps[:n_core] = scenario.core.bandwidth_mbps
         lat = scenario.links.latency_ms
+        latency_s = rng.uniform(lat.low, lat.high, size=n) / 1000
+        latency_s[:n_core] = scenario.core.latency_ms / 1000
         pop = cls(
             n=n,
             n_core=n_core,
@@ -58,7 +61,7 @@ class Population:
             tflops=np.array([g.tflops for g in gpus])[gpu],
             vram_gb=np.array([g.vram_gb for g in gpus])[gpu],
             bandwidth=mbps * 1e6 / 8,
-            latency_s=rng.uniform(lat.low, lat.high, size=n) / 1000,
+            latency_s=latency_s,
             utc_offset_h=np.array([r.utc_offset_hours for r in regions])[region],
             profile=np.zeros(n, dtype=np.int64),
             profiles=[],

@@ -2,8 +2,8 @@
 
 - ``utilization.png``: nodes online and busy over time, and busy ÷ online;
 - ``completion_times.png``: how long completed jobs took, from submission to their last round;
-- ``goodput.png``: worker-seconds that went into published rounds ÷ worker-seconds leased, per
-  sampling window, beside the number of leases re-assigned after a node left or died;
+- ``goodput.png``: worker-seconds that went into published rounds ÷ worker-seconds leased, so far
+  (the report adds how many leases were re-assigned after a node left or died);
 - ``cost_vs_cloud.png``: each completed job's cost against the same contributions on an on-demand
   cloud GPU at its list price (``scenario.cloud``): worker-rounds x the round's compute on that GPU
   (``market.pricing.step_seconds``, the market's own step model) x its price;
@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -190,20 +189,14 @@ def _plot_completion(sim: Simulation, path: Path) -> None:
 
 
 def _plot_goodput(sim: Simulation, path: Path) -> None:
-    s = sim.samples
-    t = [b.t / 3600 for b in s[1:]]
-    window = [
-        (b.useful_worker_s - a.useful_worker_s) / (b.paid_worker_s - a.paid_worker_s)
-        if b.paid_worker_s > a.paid_worker_s
-        else np.nan
-        for a, b in itertools.pairwise(s)
-    ]
+    """Cumulative: rounds are credited when a stretch of them ends, so short windows would jitter."""
+    s = [b for b in sim.samples if b.paid_worker_s > 0]
     fig, ax = _figure(size=(8, 4))
-    ax.plot(t, window)
+    ax.plot([b.t / 3600 for b in s], [b.useful_worker_s / b.paid_worker_s for b in s])
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("hours")
-    ax.set_ylabel("goodput (useful ÷ leased worker time)")
-    ax.set_title("goodput under churn (rounds are credited when a stretch of them ends)")
+    ax.set_ylabel("goodput so far (useful ÷ leased)")
+    ax.set_title("goodput under churn: worker time in published rounds ÷ worker time leased")
     _save(fig, path)
 
 

@@ -118,6 +118,8 @@ class Core(_Strict):
     share: Annotated[float, Field(ge=0, le=1)]
     gpu: str  # one of the gpus' names: its benchmark and memory
     price_per_hour: Positive
+    bandwidth_mbps: Positive = 10_000.0  # a datacenter link: it carries every worker's exchange
+    latency_ms: Annotated[float, Field(ge=0)] = 5.0
 
 
 class JobTemplate(_Strict):

@@ -24,6 +24,7 @@ from gpuflex.coordinator.limits import BodySizeLimit
 from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
 from gpuflex.coordinator.metrics import router as metrics_router
 from gpuflex.coordinator.routes import (
+    COMMON_ERRORS,
     accounts,
     blobs,
     governance,
@@ -174,7 +175,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     app = FastAPI(title="GPUFlex coordinator", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
     app.state.metrics = metrics
-    api = APIRouter(prefix=f"/{API_VERSION}")
+    api = APIRouter(prefix=f"/{API_VERSION}", responses=COMMON_ERRORS)
     for module in (accounts, jobs, nodes, tasks, blobs, market, ledger, governance, operator):
         api.include_router(module.router)
     app.include_router(api)

@@ -60,8 +60,10 @@ def operator(request: Request, ctx: Ctx) -> None:
 
 
 async def signed_request(request: Request) -> tuple[str, str, bytes, object]:
-    """The parts of a request a node signs."""
-    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    """The parts of a request a node signs: the path as sent (still percent-encoded, as the client
+    signed it), its query, the body and the headers."""
+    raw_path = request.scope.get("raw_path") or request.url.path.encode()
+    path = raw_path.decode("latin-1") + (f"?{request.url.query}" if request.url.query else "")
     return request.method, path, await request.body(), request.headers
 
 

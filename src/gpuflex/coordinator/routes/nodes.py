@@ -9,13 +9,14 @@ from gpuflex.auth.signing import HEADER_NODE, node_id_for
 from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.metrics import Metrics
+from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import governance, leases, registry, stakes
 from gpuflex.coordinator.web import tokens
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_micro
 
-router = APIRouter(prefix="/nodes", tags=["nodes"])
+router = APIRouter(prefix="/nodes", tags=["nodes"], responses=errors(404, 409))
 log = logging.getLogger("gpuflex.coordinator")
 
 
@@ -85,7 +86,7 @@ def wallet(node: SignedNode, ctx: Ctx) -> m.NodeWallet:
         return stakes.wallet(s, node)
 
 
-@router.post("/stake")
+@router.post("/stake", responses=errors(402))
 def stake(body: m.StakeChange, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
     """Bond credits, from outside or from earnings: community nodes need ``min_stake`` to get work."""
     with ctx.tx() as s:
@@ -93,7 +94,7 @@ def stake(body: m.StakeChange, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
         return stakes.wallet(s, node)
 
 
-@router.post("/unstake")
+@router.post("/unstake", responses=errors(402))
 def unstake(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
     """Stake back to earnings; refused (409) while the node's work can still be audited."""
     with ctx.tx() as s:
@@ -101,7 +102,7 @@ def unstake(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
         return stakes.wallet(s, node)
 
 
-@router.post("/withdraw")
+@router.post("/withdraw", responses=errors(402))
 def withdraw(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
     """Pay earnings out of the network; 402 if they do not cover it."""
     with ctx.tx() as s:

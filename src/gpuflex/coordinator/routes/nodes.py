@@ -2,11 +2,11 @@
 
 import logging
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex.auth.signing import HEADER_NODE, node_id_for
-from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest
+from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest, charge
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
@@ -21,7 +21,9 @@ log = logging.getLogger("gpuflex.coordinator")
 
 
 @router.post("/register")
-async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.NodeRegistered:
+async def register(
+    body: m.NodeRegister, request: Request, signed: SignedRequest, ctx: Ctx
+) -> m.NodeRegistered:
     """Join or re-join: signed with the very key being registered. Re-joining ends old leases."""
 
     def run() -> tuple[Node, float]:
@@ -33,6 +35,7 @@ async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.N
             return node, governance.liveness(s, ctx.settings, ctx.now()).interval_s
 
     node, interval_s = await run_in_threadpool(run)
+    charge(request, f"node:{node.id}")
     log.info("node registered", extra={"node_id": node.id, "kind": node.kind})
     return m.NodeRegistered(
         node_id=node.id, heartbeat_interval_s=interval_s, lease_ttl_s=ctx.settings.lease_ttl_s
@@ -111,7 +114,7 @@ def withdraw(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
 
 
 @router.post("/dashboard-token")
-async def dashboard_token(signed: SignedRequest, ctx: Ctx) -> dict[str, str | float]:
+async def dashboard_token(request: Request, signed: SignedRequest, ctx: Ctx) -> dict[str, str | float]:
     """A short-lived link that signs this node in to its own earnings page on the dashboard.
 
     A node that has left may still ask: its earnings outlive its time on the market.
@@ -126,6 +129,7 @@ async def dashboard_token(signed: SignedRequest, ctx: Ctx) -> dict[str, str | fl
             return node.id
 
     node_id = await run_in_threadpool(run)
+    charge(request, f"node:{node_id}")
     expires_at = ctx.now() + ctx.settings.dashboard_link_ttl_s
     token = tokens.issue(ctx.settings.resolved_dashboard_secret(), node_id, "link", expires_at)
     return {"token": token, "expires_at": expires_at, "path": f"/dashboard/provider/signin?token={token}"}

@@ -24,6 +24,12 @@ class CoordinatorSettings(BaseSettings):
     lease_ttl_s: float = Field(15.0, gt=0, description="a lease not renewed by heartbeats expires")
     reaper_interval_s: float = Field(1.0, gt=0)
     max_request_bytes: int = Field(1 << 20, gt=0)
+    keep_alive_s: int = Field(
+        75,
+        gt=0,
+        description="how long an idle client connection stays open; longer than a heartbeat interval, so an "
+        "agent's next call does not race the server closing its connection (a reset, not an answer)",
+    )
     max_blob_bytes: int = Field(64 << 20, gt=0)
     blob_url: str | None = Field(
         None,

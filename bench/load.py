@@ -152,7 +152,8 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
 
 async def _run_agents(url: str, agents: int, seconds: float) -> tuple[Stats, float]:
     stats = Stats()
-    limits = httpx.Limits(max_connections=agents, max_keepalive_connections=agents)
+    # an agent has up to two calls in flight (its heartbeat thread and its lease loop), as the daemon does
+    limits = httpx.Limits(max_connections=2 * agents, max_keepalive_connections=2 * agents)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
         fleet = [SimulatedAgent(http, stats, i, core=i % 10 == 0) for i in range(agents)]
         gate = asyncio.Semaphore(50)

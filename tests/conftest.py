@@ -64,6 +64,12 @@ def database_url(request, tmp_path) -> Iterator[str]:
         yield from _fresh_postgres_database(request.getfixturevalue("postgres_server"))
 
 
+@pytest.fixture(scope="module")
+def postgres_database(postgres_server) -> Iterator[str]:
+    """A new, empty PostgreSQL database that one test module shares."""
+    yield from _fresh_postgres_database(postgres_server)
+
+
 @pytest.fixture(autouse=True)
 def _no_stray_processes() -> Iterator[None]:
     """Kill whatever a test left running, so one failure can't poison the next test."""

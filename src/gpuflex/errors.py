@@ -9,6 +9,7 @@ GPUFlexError
 ├── Conflict            state does not allow it (stale epoch, ...) -> 409
 │   └── InsufficientFunds
 ├── PayloadTooLarge     body or blob over the limit                -> 413
+├── RateLimited         too many requests; retry after a while     -> 429
 └── ServiceError        the coordinator could not be reached or answered 5xx
 """
 
@@ -55,6 +56,14 @@ class PayloadTooLarge(GPUFlexError):
     status_code = 413
 
 
+class RateLimited(GPUFlexError):
+    status_code = 429
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ServiceError(GPUFlexError):
     status_code = 503
 
@@ -67,6 +76,7 @@ _BY_STATUS = {
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,
+    429: RateLimited,
     422: SpecError,
 }
 

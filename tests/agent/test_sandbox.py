@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from gpuflex.agent import confine
 from gpuflex.agent.sandbox import ENV_ALLOWLIST, Limits, TaskProcess, scrubbed_env, start_task
+from gpuflex.auth.signing import NodeKey
+from gpuflex.client import Client
+from gpuflex.localnet import CORE_TOKEN, LocalNetwork
+from gpuflex.protocol.spec import JobSpec
+from gpuflex.testing import wait_for
 
 SMALL = Limits(memory_mb=512)
 
@@ -62,7 +68,7 @@ def test_child_sees_only_allowlisted_env(tmp_path, monkeypatch):
     assert code == 0, log
     env = json.loads(log)
     assert "hunter2" not in log and "AKIA-not-for-tasks" not in log
-    assert set(env) <= {*ENV_ALLOWLIST, "HOME", "GPUFLEX_TASK_TOKEN"}
+    assert set(env) <= {*ENV_ALLOWLIST, "HOME", "TMPDIR", "GPUFLEX_TASK_TOKEN"}
     assert env["HOME"] == str(tmp_path / "work")
     assert env["GPUFLEX_TASK_TOKEN"] == "t"
     assert env["TZ"] == "Europe/Berlin"
@@ -77,7 +83,7 @@ def test_wrapper_adds_no_lc_ctype_in_c_locale(tmp_path, monkeypatch):
     task = start_task(["env"], workdir=tmp_path, env_extra={}, limits=SMALL, log_path=tmp_path / "env.log")
 
     assert task.wait(timeout=30) == 0
-    assert sorted(line.split("=")[0] for line in task.tail().splitlines()) == ["HOME", "PATH"]
+    assert sorted(line.split("=")[0] for line in task.tail().splitlines()) == ["HOME", "PATH", "TMPDIR"]
 
 
 def test_scrubbed_env_keeps_allowlist_and_adds_extra():
@@ -204,3 +210,89 @@ def test_tail_returns_the_end_of_the_log(tmp_path):
     assert task.tail(10) == "xxxxxxEND\n"
     assert len(task.tail()) == 4000
     assert TaskProcess(task._popen, tmp_path / "missing.log").tail() == ""
+
+
+MALICIOUS = Path(__file__).with_name("malicious_recipe.py")
+AGENT_SECRET = "hunter2-agent-secret"
+
+
+def plant_secrets(data_dir: Path) -> None:
+    """What an agent's data dir holds besides the running task: its key and an earlier task's files."""
+    (data_dir / "tasks" / "earlier").mkdir(parents=True)
+    NodeKey.load_or_create(data_dir / "node.key")
+    (data_dir / "tasks" / "earlier" / "result.bin").write_text("another task's result")
+
+
+def assert_got_nothing(log: str, work_dir: Path) -> None:
+    """The probe's report shows it read its own files and nothing of anyone else's."""
+    line = next((x for x in log.splitlines() if x.startswith("PROBE ")), None)
+    assert line is not None, f"the probe did not report: {log}"
+    report = json.loads(line.removeprefix("PROBE "))
+    assert report["work_dir"] == str(work_dir)
+    assert report["own_file"] != "" and not report["own_file"].startswith("refused")
+    for what in (
+        "node_key",
+        "node_key_via_proc",
+        "task_dirs",
+        "other_task_file",
+        "database",
+        "agent_environ",
+    ):
+        assert str(report[what]).startswith("refused"), f"the task could read {what}: {report[what]!r}"
+    assert report["agent_environ"].startswith("refused")
+    assert report["env_secret"] == "" and AGENT_SECRET not in log
+    assert "PRIVATE KEY" not in log and "another task's result" not in log
+
+
+def test_a_malicious_task_reads_nothing_outside_its_work_dir(tmp_path, monkeypatch):
+    if confine.abi_version() < 1:
+        pytest.skip("this kernel has no Landlock: the task would run unconfined (the sandbox says so)")
+    monkeypatch.setenv("GPUFLEX_AGENT_SECRET", AGENT_SECRET)
+    data_dir = tmp_path / "agents" / "a1"
+    plant_secrets(data_dir)
+    (tmp_path / "coordinator").mkdir()
+    (tmp_path / "coordinator" / "gpuflex.db").write_text("SQLite format 3 accounts")
+    work = data_dir / "tasks" / "lease-1"
+    work.mkdir(parents=True)
+    (work / "task.json").write_text('{"job_id": "j-1"}')
+
+    task = start_task(
+        [sys.executable, "-c", MALICIOUS.read_text()],
+        workdir=work,
+        env_extra={},
+        limits=SMALL,
+        log_path=work / "task.log",
+    )
+
+    assert task.wait(timeout=60) != 0  # the recipe ends itself once it has reported
+    assert_got_nothing(task.tail(20_000), work)
+
+
+@pytest.mark.integration
+def test_a_malicious_recipe_run_by_a_real_agent_reads_nothing_of_the_agent_or_coordinator(tmp_path):
+    if confine.abi_version() < 1:
+        pytest.skip("this kernel has no Landlock: the task would run unconfined (the sandbox says so)")
+    plant_secrets(tmp_path / "agents" / "core")
+    with LocalNetwork(tmp_path, settings={"GPUFLEX_AGENT_SECRET": AGENT_SECRET}) as net:
+        url = net.start_coordinator()
+        net.start_agent("core", price=0.1, core=True, extra=["--core-token", CORE_TOKEN])
+        client = Client(url, Client(url).create_account("mallory").token)
+        client.deposit(5)
+        wait_for(lambda: client.offers(), 90, "the agent to register")
+        spec = JobSpec.model_validate(
+            {
+                "name": "probe",
+                "resources": {"workers": 1},
+                "training": {"recipe": "user", "recipe_file": str(MALICIOUS), "rounds": 1},
+                "data": {"source": "none"},
+                "budget": 1,
+            }
+        )
+        client.submit(spec, recipe_code=client.upload(MALICIOUS.read_bytes()))
+        tasks = tmp_path / "agents" / "core" / "tasks"
+
+        def reported() -> Path | None:
+            return next((p for p in tasks.glob("*/task.log") if "PROBE " in p.read_text()), None)
+
+        log = wait_for(reported, 120, "the malicious task to report")
+        assert_got_nothing(log.read_text(), log.parent)

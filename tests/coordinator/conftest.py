@@ -4,7 +4,10 @@ test process so the test can advance its clock (real time plus an offset)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -77,30 +80,42 @@ class Harness:
         return TaskClient(self.url, grant.task_token, retry_for_s=0)
 
 
-@pytest.fixture
-def coordinator(database_url, tmp_path):
+@contextmanager
+def running_coordinator(database_url: str, data_dir: Path, **settings: object) -> Iterator[Harness]:
+    """A migrated database and the coordinator on it, served on loopback; ``settings`` override the
+    test defaults below."""
     upgrade(database_url)
     settings = CoordinatorSettings(
-        data_dir=tmp_path,
-        database_url=database_url,
-        core_token=CORE_TOKEN,
-        lease_ttl_s=15,
-        heartbeat_interval_s=2,
-        heartbeat_misses=3,
-        liveness_cache_s=0,  # tests move the clock and change the rules between calls
-        max_request_bytes=64 * 1024,
-        max_blob_bytes=256 * 1024,
-        reaper_interval_s=3600,
-        platform_fee_bps=1000,
-        governance_voting_period_s=10,  # short: a node's signature outlives no more than a minute of clock
+        **{
+            "data_dir": data_dir,
+            "database_url": database_url,
+            "core_token": CORE_TOKEN,
+            "lease_ttl_s": 15,
+            "heartbeat_interval_s": 2,
+            "heartbeat_misses": 3,
+            "liveness_cache_s": 0,  # tests move the clock and change the rules between calls
+            "max_request_bytes": 64 * 1024,
+            "max_blob_bytes": 256 * 1024,
+            "reaper_interval_s": 3600,
+            "platform_fee_bps": 1000,
+            # short: a node's signature outlives no more than a minute of clock
+            "governance_voting_period_s": 10,
+            **settings,
+        }
     )
     engine = make_engine(database_url)
     clock = Clock()
     ctx = CoordinatorContext(
-        settings, engine, make_sessionmaker(engine), LocalBlobStore(tmp_path / "blobs"), clock
+        settings, engine, make_sessionmaker(engine), LocalBlobStore(data_dir / "blobs"), clock
     )
     try:
         with serve(create_app(ctx=ctx)) as url, httpx.Client(base_url=url) as http:
             yield Harness(url, http, ctx, clock)
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def coordinator(database_url, tmp_path):
+    with running_coordinator(database_url, tmp_path) as harness:
+        yield harness

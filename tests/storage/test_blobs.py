@@ -21,7 +21,19 @@ def test_a_wrong_expected_hash_is_refused_and_nothing_is_stored(store):
     assert not store.exists(hashlib.sha256(b"hello").hexdigest())
 
 
-@pytest.mark.parametrize("key", ["../../etc/passwd", "a" * 63, "A" * 64, "/" + "a" * 63, "g" * 64])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "../../etc/passwd",
+        "%2e%2e%2fsecret",
+        "..",
+        "a" * 63,
+        "A" * 64,
+        "/" + "a" * 63,
+        "g" * 64,
+        "a" * 64 + "\n",
+    ],
+)
 def test_keys_that_are_not_sha256_never_reach_a_path(store, key):
     with pytest.raises(BadRequest):
         store.get(key)

@@ -2,25 +2,31 @@
 
 Owns the isolation a task gets on a provider's machine: a private work directory (mode 0700), an
 environment scrubbed down to an allowlist (the agent's secrets, its HOME and cloud credentials never
-reach task code), resource limits, its own session (so the task and every process it spawns form one
-process group that can be signalled as a whole), and a log file that collects its stdout and stderr.
+reach task code), a filesystem view confined by Landlock to the system, the Python installation and
+its own work directory (``confine``: the agent's key, other tasks' files and anything else of the
+agent's user are out of reach), resource limits, its own session (so the task and every process it
+spawns form one process group that can be signalled as a whole), and a log file that collects its
+stdout and stderr.
 
-The limits are applied by a tiny wrapper, ``python -I -S -c <setrlimit; exec>``, that replaces itself
-with the task, rather than by ``preexec_fn``: the agent is threaded (heartbeats, uploads, logging), and
-running Python between fork and exec in a threaded parent can deadlock on a lock another thread held at
-fork time. The wrapper costs one short interpreter start; ``-I`` keeps the work directory, which task
-code controls, off its import path. ``start_new_session`` is done by subprocess itself without Python
-code after fork, so it is safe.
+The limits and Landlock are applied by a small wrapper, ``python -I -S confine.py … <task argv>``, that
+replaces itself with the task, rather than by ``preexec_fn``: the agent is threaded (heartbeats,
+uploads, logging), and running Python between fork and exec in a threaded parent can deadlock on a lock
+another thread held at fork time. The wrapper costs one short interpreter start; ``-I`` keeps the work
+directory, which task code controls, off its import path. ``start_new_session`` is done by subprocess
+itself without Python code after fork, so it is safe.
 
-This is containment against mistakes and greed, not a security boundary against hostile code: that
-needs a container or VM around the agent.
+What this does not stop (docs/architecture.md, "Security and abuse"): the task runs as the agent's
+Unix user, so it may signal the agent's other processes and use the network as the agent can; a
+kernel exploit defeats all of it. Hostile code beyond that needs a container or VM around the agent.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import resource
 import signal
+import site
 import subprocess
 import sys
 import time
@@ -28,26 +34,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuflex.agent import confine
+
 MB = 2**20
 ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "TZ")
 CPU_KILL_GRACE_S = 5  # between SIGXCPU at the soft CPU limit and SIGKILL at the hard one
 
-# argv: <res:soft:hard,...> <keep|drop LC_CTYPE> <task argv...>. In a C locale this interpreter sets
-# LC_CTYPE for itself (PEP 538); the flag says whether the task was meant to get it.
-_EXEC_WITH_LIMITS = """
-import os, resource, sys
-for item in sys.argv[1].split(","):
-    res, soft, hard = (int(x) for x in item.split(":"))
-    resource.setrlimit(res, (soft, hard))
-env = dict(os.environ)
-if sys.argv[2] == "drop":
-    env.pop("LC_CTYPE", None)
-try:
-    os.execvpe(sys.argv[3], sys.argv[3:], env)
-except OSError as exc:
-    sys.stderr.write(f"sandbox: cannot run {sys.argv[3]!r}: {exc}\\n")
-    sys.exit(127)
-"""
+# What every task may read (and execute): the system's programs and libraries, a few files of /etc that
+# name resolution and TLS need, its own /proc entry (/proc/self resolves to the wrapper's pid, which the
+# task keeps across exec), CPU and memory facts. Never the agent's data dir, /tmp or other processes.
+SYSTEM_READ_ONLY = (
+    "/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/opt",
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/ssl",
+    "/etc/ca-certificates", "/etc/hosts", "/etc/resolv.conf", "/etc/nsswitch.conf", "/etc/host.conf",
+    "/etc/gai.conf", "/etc/passwd", "/etc/group",
+    "/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/sys",
+    "/dev/urandom", "/dev/random", "/dev/zero",
+)  # fmt: skip
+DEVICES_READ_WRITE = ("/dev/null", "/dev/shm", "/dev/dri", *glob.glob("/dev/nvidia*"))
+
+
+def python_read_only() -> list[str]:
+    """Where this interpreter, its packages and gpuflex itself live: what ``python -m gpuflex…`` reads."""
+    gpuflex_root = Path(__file__).resolve().parents[2]  # src/ of a checkout, or site-packages
+    return sorted({sys.base_prefix, sys.prefix, sys.exec_prefix, *site.getsitepackages(), str(gpuflex_root)})
 
 
 @dataclass(frozen=True)
@@ -160,16 +170,20 @@ def start_task(
 ) -> TaskProcess:
     """Start ``argv`` in ``workdir`` (created 0700), under ``limits``, appending its output to ``log_path``.
 
-    The task's environment is the allowlist, HOME set to ``workdir``, then ``env_extra`` (which wins).
+    The task's environment is the allowlist, HOME and TMPDIR set to ``workdir``, then ``env_extra``
+    (which wins). The task may read only what ``SYSTEM_READ_ONLY`` and ``python_read_only`` name, and
+    write only beneath ``workdir`` (and to a few devices).
     """
     if not argv:
         raise ValueError("argv must name a program")
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     workdir.chmod(0o700)
-    env = scrubbed_env({"HOME": str(workdir), **env_extra})
+    env = scrubbed_env({"HOME": str(workdir), "TMPDIR": str(workdir), **env_extra})
     spec = ",".join(f"{res}:{soft}:{hard}" for res, soft, hard in limits.rlimits())
     lc_ctype = "keep" if "LC_CTYPE" in env else "drop"
-    wrapped = [sys.executable, "-I", "-S", "-c", _EXEC_WITH_LIMITS, spec, lc_ctype, *argv]
+    read_only = os.pathsep.join([*SYSTEM_READ_ONLY, *python_read_only()])
+    read_write = os.pathsep.join([str(workdir.resolve()), *DEVICES_READ_WRITE])
+    wrapped = [sys.executable, "-I", "-S", confine.__file__, spec, lc_ctype, read_only, read_write, *argv]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:

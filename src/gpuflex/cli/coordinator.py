@@ -74,4 +74,11 @@ def serve(
     console.print(
         f"serving on http://{host}:{port} (dashboard at /dashboard, docs at /docs); core token in {where}"
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", log_config=None)
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="warning",
+        log_config=None,
+        timeout_keep_alive=settings.keep_alive_s,
+    )

@@ -1,4 +1,5 @@
-"""The coordinator's app factory: routers, dashboard, metrics, error handling, body limits, the reaper.
+"""The coordinator's app factory: routers, dashboard, metrics, error handling, body and rate limits,
+the reaper.
 
 uvicorn --factory gpuflex.coordinator.app:create_app      # or: gpuflex coordinator serve
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from contextlib import asynccontextmanager, suppress
 
 from fastapi import APIRouter, FastAPI, Request
@@ -18,13 +20,16 @@ from starlette.concurrency import run_in_threadpool
 
 from gpuflex import __version__
 from gpuflex.coordinator import web
+from gpuflex.coordinator.auth import anonymous_call
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.coordinator.heartbeats import HeartbeatWriter
 from gpuflex.coordinator.limits import BodySizeLimit
 from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
 from gpuflex.coordinator.metrics import router as metrics_router
+from gpuflex.coordinator.ratelimit import RateLimits
 from gpuflex.coordinator.routes import (
+    COMMON_ERRORS,
     accounts,
     blobs,
     governance,
@@ -40,7 +45,7 @@ from gpuflex.coordinator.services import jobs as job_service
 from gpuflex.coordinator.services import leases, liveness, payouts, registry
 from gpuflex.coordinator.services import market as market_service
 from gpuflex.coordinator.settings import CoordinatorSettings
-from gpuflex.errors import GPUFlexError
+from gpuflex.errors import GPUFlexError, RateLimited, Unauthorized
 from gpuflex.protocol.messages import API_VERSION
 from gpuflex.storage import BlobStore, FsspecBlobStore, LocalBlobStore
 
@@ -121,9 +126,15 @@ async def _reaper(ctx: CoordinatorContext, metrics: CoordinatorMetrics) -> None:
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GPUFlexError)
     async def _gpuflex_error(request: Request, exc: GPUFlexError) -> Response:
+        if isinstance(exc, Unauthorized):  # a failed authentication counts against the client's address
+            try:
+                anonymous_call(request)
+            except RateLimited as limited:
+                exc = limited
         if web.is_page(request):
             return await web.error_page(request, exc.status_code, exc.message)
-        return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
+        headers = {"Retry-After": str(math.ceil(exc.retry_after_s))} if isinstance(exc, RateLimited) else None
+        return JSONResponse({"detail": exc.message}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -184,7 +195,14 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     app.state.ctx = ctx
     app.state.metrics = metrics
     app.state.heartbeats = heartbeats
-    api = APIRouter(prefix=f"/{API_VERSION}")
+    app.state.rate_limits = RateLimits(
+        rate_per_s=ctx.settings.rate_limit_per_s,
+        burst=ctx.settings.rate_limit_burst,
+        anonymous_rate_per_s=ctx.settings.anonymous_rate_limit_per_s,
+        anonymous_burst=ctx.settings.anonymous_rate_limit_burst,
+        clock=ctx.now,
+    )
+    api = APIRouter(prefix=f"/{API_VERSION}", responses=COMMON_ERRORS)
     for module in (accounts, jobs, nodes, tasks, blobs, market, ledger, governance, operator):
         api.include_router(module.router)
     app.include_router(api)

@@ -3,6 +3,7 @@ the operator (its own token, for verdicts).
 
 Each is a FastAPI dependency typed with ``Annotated`` so a route's signature says who may call it.
 Authentication runs in its own short transaction (a node's nonce is burnt even if the action fails).
+Once a caller has authenticated, its call is charged to its own rate limit (``ratelimit``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,20 @@ async def get_context(request: Request) -> CoordinatorContext:
     return request.app.state.ctx
 
 
+def charge(request: Request, who: str) -> None:
+    """Count one call of an authenticated caller (``account:…``, ``node:…``, ``lease:…``); 429 if over."""
+    request.app.state.rate_limits.charge_caller(who)
+
+
+def anonymous_call(request: Request) -> None:
+    """Count one call that proves nobody (a sign-up) against the client's address; 429 if over."""
+    request.app.state.rate_limits.charge_address(client_address(request))
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
 Ctx = Annotated[CoordinatorContext, Depends(get_context)]
 
 
@@ -41,7 +56,9 @@ def current_account(request: Request, ctx: Ctx) -> Account:
     if not token or not token.startswith(API_PREFIX):
         raise Unauthorized("this endpoint needs an API token: Authorization: Bearer gfx_...")
     with ctx.tx() as s:
-        return accounts.authenticate(s, token)
+        account = accounts.authenticate(s, token)
+    charge(request, f"account:{account.id}")
+    return account
 
 
 def current_task(request: Request, ctx: Ctx) -> Lease:
@@ -49,7 +66,9 @@ def current_task(request: Request, ctx: Ctx) -> Lease:
     if not token or not token.startswith(TASK_PREFIX):
         raise Unauthorized("this endpoint needs a task token: Authorization: Bearer gfxtask_...")
     with ctx.tx() as s:
-        return leases.authenticate_task(s, token, ctx.now())
+        lease = leases.authenticate_task(s, token, ctx.now())
+    charge(request, f"lease:{lease.id}")
+    return lease
 
 
 def operator(request: Request, ctx: Ctx) -> None:
@@ -62,8 +81,10 @@ def operator(request: Request, ctx: Ctx) -> None:
 
 
 async def signed_request(request: Request) -> tuple[str, str, bytes, object]:
-    """The parts of a request a node signs."""
-    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    """The parts of a request a node signs: the path as sent (still percent-encoded, as the client
+    signed it), its query, the body and the headers."""
+    raw_path = request.scope.get("raw_path") or request.url.path.encode()
+    path = raw_path.decode("latin-1") + (f"?{request.url.query}" if request.url.query else "")
     return request.method, path, await request.body(), request.headers
 
 
@@ -93,12 +114,14 @@ async def verified_signature(signed: SignedRequest, ctx: Ctx) -> tuple[str, str]
     return node_id, nonce
 
 
-async def current_node(signed: SignedRequest, ctx: Ctx) -> Node:
+async def current_node(request: Request, signed: SignedRequest, ctx: Ctx) -> Node:
     def check() -> Node:
         with ctx.tx() as s:
             return registry.authenticate(s, signed, ctx.settings, ctx.now())
 
-    return await run_in_threadpool(check)
+    node = await run_in_threadpool(check)
+    charge(request, f"node:{node.id}")
+    return node
 
 
 async def blob_reader(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
@@ -107,7 +130,7 @@ async def blob_reader(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
     if token and token.startswith(TASK_PREFIX):
         return (await run_in_threadpool(current_task, request, ctx)).node_id
     if HEADER_SIGNATURE in request.headers:
-        return (await current_node(signed, ctx)).id
+        return (await current_node(request, signed, ctx)).id
     if token:
         raise Forbidden("consumers fetch results through their jobs (GET /v1/jobs/{id}/checkpoint)")
     raise Unauthorized("reading blobs needs a node signature or a task token")
@@ -127,7 +150,7 @@ async def consumer_or_node(request: Request, ctx: Ctx, signed: SignedRequest) ->
     if token and token.startswith(API_PREFIX):
         return (await run_in_threadpool(current_account, request, ctx)).id
     if HEADER_SIGNATURE in request.headers:
-        return (await current_node(signed, ctx)).id
+        return (await current_node(request, signed, ctx)).id
     raise Unauthorized("this endpoint needs an API token or a node signature")
 
 
@@ -139,3 +162,4 @@ TaskLease = Annotated[Lease, Depends(current_task)]
 BlobReader = Annotated[str, Depends(blob_reader)]
 BlobWriter = Annotated[str, Depends(blob_writer)]
 ConsumerOrNode = Annotated[str, Depends(consumer_or_node)]
+Anonymous = Depends(anonymous_call)

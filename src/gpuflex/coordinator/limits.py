@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -32,26 +33,30 @@ class BodySizeLimit:
             await _reject(send, limit)
             return
         received = 0
-        started = False
+        started = rejected = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, rejected
             message = await receive()
             received += len(message.get("body", b""))
             if received > limit:
+                # Answer now: the app may catch the error below (FastAPI turns any failure to read a
+                # body into a 400), and whatever it sends after this is dropped.
+                if not started and not rejected:
+                    await _reject(send, limit)
+                rejected = True
                 raise _TooLarge
             return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
+            if rejected:
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        try:
+        with contextlib.suppress(_TooLarge):
             await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await _reject(send, limit)
 
 
 async def _reject(send: Send, limit: int) -> None:

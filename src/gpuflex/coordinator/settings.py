@@ -39,6 +39,12 @@ class CoordinatorSettings(BaseSettings):
         "coordinator re-lease everything at once",
     )
     max_request_bytes: int = Field(1 << 20, gt=0)
+    keep_alive_s: int = Field(
+        75,
+        gt=0,
+        description="how long an idle client connection stays open; longer than a heartbeat interval, so an "
+        "agent's next call does not race the server closing its connection (a reset, not an answer)",
+    )
     max_blob_bytes: int = Field(64 << 20, gt=0)
     blob_url: str | None = Field(
         None,
@@ -51,6 +57,16 @@ class CoordinatorSettings(BaseSettings):
         '"secret": "…"} for an S3-compatible service',
     )
     signature_max_skew_s: float = Field(60.0, gt=0)
+    # Per coordinator process (replicas each count on their own). An agent makes about one call a second
+    # and a task a few; the defaults leave room for bursts of uploads and polling many times over.
+    rate_limit_per_s: float = Field(
+        100.0, gt=0, description="calls per second each API token, node and task lease may sustain"
+    )
+    rate_limit_burst: float = Field(1000.0, ge=1, description="calls each of them may make at once")
+    anonymous_rate_limit_per_s: float = Field(
+        10.0, gt=0, description="sign-ups and failed authentications per second from one client address"
+    )
+    anonymous_rate_limit_burst: float = Field(200.0, ge=1, description="of those, at once")
     platform_fee_bps: int = Field(1000, ge=0, le=10_000, description="platform fee in basis points")
     audit_window_s: float = Field(
         600.0, ge=0, description="a job's pay is held this long after it ends, so an audit can still stop it"

@@ -32,7 +32,15 @@ def _finite_or_none(value: object) -> object:
 Loss = Annotated[float | None, BeforeValidator(_finite_or_none)]
 
 
-Credits = Annotated[float, Field(gt=0, le=1_000_000, description="credits")]  # an amount to move
+# An amount to move: at least one micro-credit, the ledger's unit (a smaller one would round to nothing).
+Credits = Annotated[float, Field(ge=0.000_001, le=1_000_000, description="credits")]
+
+
+# What the database keeps in 32-bit columns (rounds, epochs, steps, the journal's sequence numbers) or
+# 64-bit ones (tokens): a larger number is a 422 naming the field, not an overflow in the database.
+INT32_MAX = 2**31 - 1
+Count32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Count64 = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 class Message(BaseModel):
@@ -108,7 +116,7 @@ class NodeRegistered(Message):
 
 class LeaseHeld(Message):
     lease_id: str
-    epoch: int
+    epoch: Count32
 
 
 class Heartbeat(Message):
@@ -145,7 +153,7 @@ class LeaseGrant(Message):
 
 
 class LeaseReport(Message):
-    epoch: int
+    epoch: Count32
     outcome: LeaseOutcome
     detail: Annotated[str, Field(max_length=4000)] = ""
 
@@ -292,10 +300,10 @@ class RoundState(Message):
 
 
 class ContributionSubmit(Message):
-    round: Annotated[int, Field(ge=0)]
+    round: Count32
     delta: Sha256 = Field(description="blob of the compressed pseudo-gradient")
-    tokens: Annotated[int, Field(ge=0)]
-    steps: Annotated[int, Field(ge=0)]
+    tokens: Count64
+    steps: Count32
     train_loss: Loss
 
 
@@ -318,14 +326,14 @@ class ContributionList(Message):
 
 
 class RoundPublish(Message):
-    round: Annotated[int, Field(ge=0)]
+    round: Count32
     state_hash: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     update: Sha256 | None = Field(None, description="the aggregated update; required after round 0")
     checkpoint: Sha256 | None = Field(None, description="the full state; required at round 0 and the last")
     val_loss: Loss = None
     train_loss: Loss = None
-    contributions: int = 0
-    tokens: Annotated[int, Field(ge=0, description="tokens trained on, over all rounds up to this one")] = 0
+    contributions: Count32 = 0
+    tokens: Annotated[Count64, Field(description="tokens trained on, over all rounds up to this one")] = 0
 
 
 class TaskLog(Message):

@@ -1,1 +1,29 @@
-"""Thin routers: parse the request, call one service inside one transaction, return a protocol model."""
+"""Thin routers: parse the request, call one service inside one transaction, return a protocol model.
+
+``errors(...)`` documents the error answers a route gives, so the OpenAPI schema lists every status a
+client can meet (``tests/coordinator/test_fuzz.py`` holds the app to it).
+"""
+
+from gpuflex.protocol.messages import ErrorBody
+
+_WHY = {
+    400: "malformed or invalid input",
+    401: "missing or bad credentials or signature",
+    402: "the wallet does not cover it",
+    403: "authenticated, but not allowed",
+    404: "no such id (or not yours)",
+    409: "the current state does not allow it",
+    413: "the body is over the size limit",
+    422: "a field is missing or invalid (the detail names it)",
+    429: "too many requests: retry after Retry-After seconds",
+    503: "the database is busy: retry after Retry-After seconds",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict]:
+    """OpenAPI ``responses`` for these error statuses, each an ``ErrorBody``."""
+    return {code: {"model": ErrorBody, "description": _WHY[code]} for code in codes}
+
+
+# What any /v1 call may answer: bad bodies, credentials, size and rate limits, a busy database.
+COMMON_ERRORS = errors(400, 401, 403, 413, 422, 429, 503)

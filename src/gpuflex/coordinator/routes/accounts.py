@@ -2,7 +2,8 @@
 
 from fastapi import APIRouter
 
-from gpuflex.coordinator.auth import Consumer, Ctx
+from gpuflex.coordinator.auth import Anonymous, Consumer, Ctx
+from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import accounts, ledger
 from gpuflex.errors import Forbidden
 from gpuflex.ledger.accounts import consumer
@@ -12,7 +13,7 @@ from gpuflex.protocol.money import to_credits, to_micro
 router = APIRouter(tags=["accounts"])
 
 
-@router.post("/accounts", status_code=201)
+@router.post("/accounts", status_code=201, dependencies=[Anonymous], responses=errors(409))
 def create_account(body: m.AccountCreate, ctx: Ctx) -> m.AccountCreated:
     """Sign up; the only unauthenticated call, and only while the operator allows open sign-up."""
     if not ctx.settings.open_signup:

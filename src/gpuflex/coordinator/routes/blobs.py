@@ -1,12 +1,17 @@
 """The content-addressed blob store over HTTP: the body's sha256 must equal the key."""
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request, Response
 
 from gpuflex.coordinator.auth import BlobReader, BlobWriter, Ctx
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.storage import validate_digest
+from gpuflex.coordinator.routes import errors
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])
+
+# Checked again by the store itself: a key that is not 64 hex digits never reaches a path.
+Digest = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="the blob's sha256, lower-case hex")]
 
 
 @router.put(
@@ -15,10 +20,9 @@ router = APIRouter(prefix="/blobs", tags=["blobs"])
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {}}, "required": True}},
 )
 async def put_blob(
-    digest: str, request: Request, _who: BlobWriter, ctx: Ctx, metrics: Metrics
+    digest: Digest, request: Request, _who: BlobWriter, ctx: Ctx, metrics: Metrics
 ) -> dict[str, str]:
     """Upload a blob (at most ``max_blob_bytes``; larger bodies get 413)."""
-    validate_digest(digest)
     body = await request.body()
     ctx.blobs.put(body, expected=digest)
     metrics.bytes_in.inc(len(body))
@@ -26,9 +30,11 @@ async def put_blob(
 
 
 @router.get(
-    "/{digest}", response_class=Response, responses={200: {"content": {"application/octet-stream": {}}}}
+    "/{digest}",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}, **errors(404)},
 )
-def get_blob(digest: str, _who: BlobReader, ctx: Ctx, metrics: Metrics) -> Response:
-    data = ctx.blobs.get(validate_digest(digest))
+def get_blob(digest: Digest, _who: BlobReader, ctx: Ctx, metrics: Metrics) -> Response:
+    data = ctx.blobs.get(digest)
     metrics.bytes_out.inc(len(data))
     return Response(data, media_type="application/octet-stream")

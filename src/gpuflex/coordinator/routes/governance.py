@@ -5,10 +5,11 @@ import logging
 from fastapi import APIRouter
 
 from gpuflex.coordinator.auth import ConsumerOrNode, Ctx, SignedNode
+from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import governance
 from gpuflex.protocol import messages as m
 
-router = APIRouter(prefix="/governance", tags=["governance"])
+router = APIRouter(prefix="/governance", tags=["governance"], responses=errors(404, 409))
 log = logging.getLogger("gpuflex.coordinator")
 
 

@@ -6,15 +6,16 @@ from fastapi import APIRouter, Response
 
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.metrics import Metrics
+from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import governance, jobs
 from gpuflex.errors import Conflict
 from gpuflex.protocol import messages as m
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(404, 409))
 log = logging.getLogger("gpuflex.coordinator")
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=errors(402))
 def submit(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> m.JobInfo:
     """Submit a job; its budget moves into escrow at once (402 if the wallet can't cover it)."""
     with ctx.tx() as s:

@@ -12,7 +12,7 @@ router = APIRouter(prefix="/ledger", tags=["ledger"])
 
 
 @router.get("/export")
-def export(_account: Consumer, ctx: Ctx, after: int = Query(0, ge=0)) -> m.LedgerExport:
+def export(_account: Consumer, ctx: Ctx, after: int = Query(0, ge=0, le=m.INT32_MAX)) -> m.LedgerExport:
     with ctx.tx() as s:
         entries = ledger.entries(s, after_seq=after)
         public_key = ledger.public_key(s)

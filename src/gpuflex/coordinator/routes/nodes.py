@@ -3,26 +3,29 @@
 import asyncio
 import logging
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex.auth.signing import HEADER_NODE, node_id_for
-from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest, VerifiedSignature
+from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest, VerifiedSignature, charge
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.heartbeats import Heartbeats
 from gpuflex.coordinator.metrics import Metrics
+from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import leases, registry, stakes
 from gpuflex.coordinator.web import tokens
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_micro
 
-router = APIRouter(prefix="/nodes", tags=["nodes"])
+router = APIRouter(prefix="/nodes", tags=["nodes"], responses=errors(404, 409))
 log = logging.getLogger("gpuflex.coordinator")
 
 
 @router.post("/register")
-async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.NodeRegistered:
+async def register(
+    body: m.NodeRegister, request: Request, signed: SignedRequest, ctx: Ctx
+) -> m.NodeRegistered:
     """Join or re-join: signed with the very key being registered. Re-joining ends old leases."""
 
     def run() -> tuple[Node, float]:
@@ -34,6 +37,7 @@ async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.N
             return registry.register(s, body, ctx.settings, ctx.now(), interval_s), interval_s
 
     node, interval_s = await run_in_threadpool(run)
+    charge(request, f"node:{node.id}")
     log.info("node registered", extra={"node_id": node.id, "kind": node.kind})
     return m.NodeRegistered(
         node_id=node.id, heartbeat_interval_s=interval_s, lease_ttl_s=ctx.settings.lease_ttl_s
@@ -42,11 +46,17 @@ async def register(body: m.NodeRegister, signed: SignedRequest, ctx: Ctx) -> m.N
 
 @router.post("/heartbeat")
 async def heartbeat(
-    body: m.Heartbeat, signed: VerifiedSignature, ctx: Ctx, writer: Heartbeats, metrics: Metrics
+    request: Request,
+    body: m.Heartbeat,
+    signed: VerifiedSignature,
+    ctx: Ctx,
+    writer: Heartbeats,
+    metrics: Metrics,
 ) -> m.HeartbeatAck:
     """Renew leases, learn revocations and the interval; committed together with the heartbeats
     around it (``coordinator.heartbeats``), answered once committed."""
     node_id, nonce = signed
+    charge(request, f"node:{node_id}")
     ack = await asyncio.wrap_future(writer.submit(registry.Beat(node_id, nonce, tuple(body.leases))))
     metrics.heartbeats.inc()
     return ack
@@ -88,7 +98,7 @@ def wallet(node: SignedNode, ctx: Ctx) -> m.NodeWallet:
         return stakes.wallet(s, node)
 
 
-@router.post("/stake")
+@router.post("/stake", responses=errors(402))
 def stake(body: m.StakeChange, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
     """Bond credits, from outside or from earnings: community nodes need ``min_stake`` to get work."""
     with ctx.tx() as s:
@@ -96,7 +106,7 @@ def stake(body: m.StakeChange, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
         return stakes.wallet(s, node)
 
 
-@router.post("/unstake")
+@router.post("/unstake", responses=errors(402))
 def unstake(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
     """Stake back to earnings; refused (409) while the node's work can still be audited."""
     with ctx.tx() as s:
@@ -104,7 +114,7 @@ def unstake(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
         return stakes.wallet(s, node)
 
 
-@router.post("/withdraw")
+@router.post("/withdraw", responses=errors(402))
 def withdraw(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
     """Pay earnings out of the network; 402 if they do not cover it."""
     with ctx.tx() as s:
@@ -113,7 +123,7 @@ def withdraw(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
 
 
 @router.post("/dashboard-token")
-async def dashboard_token(signed: SignedRequest, ctx: Ctx) -> dict[str, str | float]:
+async def dashboard_token(request: Request, signed: SignedRequest, ctx: Ctx) -> dict[str, str | float]:
     """A short-lived link that signs this node in to its own earnings page on the dashboard.
 
     A node that has left may still ask: its earnings outlive its time on the market.
@@ -128,6 +138,7 @@ async def dashboard_token(signed: SignedRequest, ctx: Ctx) -> dict[str, str | fl
             return node.id
 
     node_id = await run_in_threadpool(run)
+    charge(request, f"node:{node_id}")
     expires_at = ctx.now() + ctx.settings.dashboard_link_ttl_s
     token = tokens.issue(ctx.settings.resolved_dashboard_secret(), node_id, "link", expires_at)
     return {"token": token, "expires_at": expires_at, "path": f"/dashboard/provider/signin?token={token}"}

@@ -4,6 +4,7 @@ from fastapi import APIRouter
 
 from gpuflex.coordinator.auth import Consumer, Ctx, Operator
 from gpuflex.coordinator.db import Slash
+from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import stakes
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
@@ -23,7 +24,7 @@ def _record(row: Slash) -> m.SlashRecord:
     )
 
 
-@router.post("/slashes", status_code=201, dependencies=[Operator])
+@router.post("/slashes", status_code=201, dependencies=[Operator], responses=errors(404, 409))
 def slash(body: m.SlashRequest, ctx: Ctx) -> m.SlashRecord:
     """Take stake from a node (and, with ``job_id``, its held pay for that job) for a verdict."""
     with ctx.tx() as s:

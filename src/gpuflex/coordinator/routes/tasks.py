@@ -1,16 +1,19 @@
 """The round protocol as a task subprocess sees it, authenticated by its lease's task token."""
 
 import logging
+from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from gpuflex.coordinator.auth import Ctx, TaskLease
 from gpuflex.coordinator.db import JobEvent
 from gpuflex.coordinator.metrics import Metrics
+from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import governance, rounds
 from gpuflex.protocol import messages as m
 
-router = APIRouter(prefix="/task", tags=["tasks"])
+# A task token stops working when its lease ends (409); ids it names may not exist (404).
+router = APIRouter(prefix="/task", tags=["tasks"], responses=errors(404, 409))
 logger = logging.getLogger("gpuflex.coordinator")  # `log` is the route below
 
 
@@ -22,7 +25,9 @@ def latest_round(lease: TaskLease, ctx: Ctx) -> m.RoundState | None:
 
 
 @router.get("/rounds/{round_}")
-def round_state(round_: int, lease: TaskLease, ctx: Ctx) -> m.RoundState:
+def round_state(
+    round_: Annotated[int, Path(ge=0, le=m.INT32_MAX)], lease: TaskLease, ctx: Ctx
+) -> m.RoundState:
     """A published round, for a replica catching up update by update."""
     with ctx.tx() as s:
         return rounds.get(s, lease, round_, ctx.now())
@@ -36,7 +41,7 @@ def contribute(body: m.ContributionSubmit, lease: TaskLease, ctx: Ctx) -> dict[s
 
 
 @router.get("/contributions")
-def contributions(lease: TaskLease, ctx: Ctx, round: int = Query(ge=0)) -> m.ContributionList:
+def contributions(lease: TaskLease, ctx: Ctx, round: int = Query(ge=0, le=m.INT32_MAX)) -> m.ContributionList:
     with ctx.tx() as s:
         suspect_after_s = ctx.liveness(s).suspect_after_s
         return rounds.contributions(s, lease, round, heard_since=ctx.now() - suspect_after_s)

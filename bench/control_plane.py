@@ -41,11 +41,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
 
 from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client, NodeClient
@@ -57,6 +57,7 @@ from gpuflex.market.index import OfferIndex
 from gpuflex.market.matching import NodeOffer, Requirements, place_workers
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
+from gpuflex.testing import scratch_postgres_database
 
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 HEARTBEAT = "/v1/nodes/heartbeat"
@@ -107,14 +108,18 @@ def _load_process(url: str, keys: list[bytes], path: str, body: bytes, until: fl
         shares = [keys[i::conns] for i in range(conns)]
         return await asyncio.gather(*(_connection(url, s, path, body, until, once) for s in shares if s))
 
-    results = asyncio.run(main())
+    out.put(_merged(asyncio.run(main())))
+
+
+def _merged(results: list[tuple[dict[int, int], list[float]]]) -> tuple[dict[int, int], list[float]]:
+    """Status counts added up and latencies joined, over connections or load processes."""
     statuses: dict[int, int] = {}
     latencies: list[float] = []
-    for s, lat in results:
-        for k, v in s.items():
+    for counts, lat in results:
+        for k, v in counts.items():
             statuses[k] = statuses.get(k, 0) + v
         latencies += lat
-    out.put((statuses, latencies))
+    return statuses, latencies
 
 
 def load(
@@ -147,12 +152,7 @@ def load(
     wall = time.time() - start_at
     for w in workers:
         w.join()
-    statuses: dict[int, int] = {}
-    latencies: list[float] = []
-    for s, lat in results:
-        for k, v in s.items():
-            statuses[k] = statuses.get(k, 0) + v
-        latencies += lat
+    statuses, latencies = _merged(results)
     return statuses, latencies, min(wall, seconds) if not once else wall
 
 
@@ -160,20 +160,12 @@ def load(
 
 
 @contextmanager
-def database(backend: str, root: Path, postgres_url: str):
+def database(backend: str, root: Path, postgres_url: str) -> Iterator[str]:
     if backend == "sqlite":
         yield f"sqlite:///{root / 'bench.db'}"
         return
-    name = f"gpuflex_bench_{secrets.token_hex(4)}"
-    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_postgres_database(postgres_url, "gpuflex_bench") as url:
+        yield url
 
 
 def register(url: str, keys: list[NodeKey], cores: int) -> None:

@@ -30,19 +30,19 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
+from gpuflex.testing import scratch_postgres_database
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -180,21 +180,13 @@ def _open_jobs(url: str, jobs: int) -> None:
 
 
 @contextmanager
-def _database(kind: str, server_url: str):
+def _database(kind: str, server_url: str) -> Iterator[str | None]:
     """None (SQLite in the coordinator's data dir), or a fresh PostgreSQL database dropped afterwards."""
     if kind == "sqlite":
         yield None
         return
-    name = f"gpuflex_load_{secrets.token_hex(4)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_postgres_database(server_url, "gpuflex_load") as url:
+        yield url
 
 
 def main(argv: list[str] | None = None) -> dict:

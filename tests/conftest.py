@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import signal
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from gpuflex.localnet import descendants
+from gpuflex.testing import scratch_postgres_database
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -42,32 +42,21 @@ def postgres_server() -> str:
     return url
 
 
-def _fresh_postgres_database(server_url: str) -> Iterator[str]:
-    name = f"gpuflex_test_{secrets.token_hex(4)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request, tmp_path) -> Iterator[str]:
     """A new, empty database on each backend the machine has."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'gpuflex.db'}"
     else:
-        yield from _fresh_postgres_database(request.getfixturevalue("postgres_server"))
+        with scratch_postgres_database(request.getfixturevalue("postgres_server")) as url:
+            yield url
 
 
 @pytest.fixture(scope="module")
 def postgres_database(postgres_server) -> Iterator[str]:
     """A new, empty PostgreSQL database that one test module shares."""
-    yield from _fresh_postgres_database(postgres_server)
+    with scratch_postgres_database(postgres_server) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import secrets
 import threading
 import time
 from collections import Counter, defaultdict
@@ -19,7 +20,8 @@ from typing import TypeVar
 
 import uvicorn
 from fastapi import FastAPI
-from sqlalchemy import func, select
+from sqlalchemy import create_engine, func, select, text
+from sqlalchemy.engine import make_url
 
 from gpuflex.coordinator.db import (
     AccountBalance,
@@ -53,6 +55,22 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds
+
+
+@contextmanager
+def scratch_postgres_database(server_url: str, prefix: str = "gpuflex_test") -> Iterator[str]:
+    """A new, empty PostgreSQL database on the server ``server_url`` names, dropped (its sessions
+    ended) afterwards: each test or benchmark run starts clean and leaves nothing behind."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 @contextmanager

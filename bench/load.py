@@ -7,9 +7,10 @@
 The coordinator is the real one (``gpuflex coordinator serve`` as a process, default settings, rate
 limits included). Each simulated agent does over real HTTP, every request signed with its own Ed25519
 key, what ``gpuflex.agent.daemon`` does: it registers; heartbeats at the interval the coordinator hands
-out, carrying the lease it holds; asks for a lease every ``lease_poll_s`` while idle; holds a granted
-lease for ``hold_s`` and then reports it ``released`` (the task goes back to the market and is leased
-again); and drops at once a lease a heartbeat says was revoked. A tenth of the agents are core nodes
+out, carrying the lease it holds; while idle, asks for a lease when a heartbeat says a task is placed on
+it (and, unasked, every ``lease_poll_s``); holds a granted lease for ``hold_s`` and then reports it
+``released`` (the task goes back to the market and is leased again); and drops at once a lease a
+heartbeat says was revoked. A tenth of the agents are core nodes
 (aggregators go there); a consumer keeps one job of 4 workers open per 10 agents, so there is work.
 
 Errors are transport failures and any status outside the protocol's own answers: 2xx everywhere, and
@@ -46,7 +47,8 @@ from gpuflex.testing import scratch_postgres_database
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-LEASE_POLL_S = 1.0  # AgentConfig.lease_poll_s: how often an idle agent asks for work
+LEASE_POLL_S = 30.0  # AgentConfig.lease_poll_s: how often an idle agent asks for work unasked
+TICK_S = 0.5  # how often the lease loop looks at its flag and its lease, as the daemon's loop does
 HOLD_S = 10.0  # how long a simulated agent keeps a lease before handing it back
 AGENTS_PER_JOB = 10
 WORKERS_PER_JOB = 4
@@ -77,6 +79,8 @@ class SimulatedAgent:
         self.interval_s = 2.0
         self.held: m.LeaseGrant | None = None
         self.held_until = 0.0
+        self.work_waiting = True  # set by a heartbeat that says a task is placed on it, and at the start
+        self.asked_at = 0.0
 
     async def call(self, kind: str, path: str, body: dict | None = None) -> httpx.Response | None:
         content = b"" if body is None else json.dumps(body).encode()
@@ -125,22 +129,25 @@ class SimulatedAgent:
                 if self.held and self.held.lease_id in ack.revoked:
                     self.stats.revoked += 1
                     self.held = None
+                self.work_waiting = self.work_waiting or ack.work
             await asyncio.sleep(self.interval_s)
 
     async def work(self, until: float) -> None:
-        await asyncio.sleep(random.uniform(0, LEASE_POLL_S))
+        await asyncio.sleep(random.uniform(0, TICK_S))
         while time.monotonic() < until:
-            if self.held is None:
+            if self.held is None and (self.work_waiting or time.monotonic() - self.asked_at >= LEASE_POLL_S):
+                self.work_waiting, self.asked_at = False, time.monotonic()
                 response = await self.call("lease", "/v1/nodes/lease")
                 if response is not None and response.status_code == 200:
                     self.held = m.LeaseGrant.model_validate(response.json())
                     self.held_until = time.monotonic() + HOLD_S
                     self.stats.granted += 1
-            elif time.monotonic() >= self.held_until:
+            elif self.held is not None and time.monotonic() >= self.held_until:
                 grant, self.held = self.held, None
                 report = m.LeaseReport(epoch=grant.epoch, outcome="released", detail="load test")
                 await self.call("report", f"/v1/nodes/leases/{grant.lease_id}/report", report.model_dump())
-            await asyncio.sleep(LEASE_POLL_S)
+                self.work_waiting = True  # as the daemon does once its task is over: ask for the next
+            await asyncio.sleep(TICK_S)
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:

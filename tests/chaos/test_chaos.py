@@ -142,7 +142,9 @@ def test_nodes_killed_at_random_moments_the_aggregators_too_lose_nothing(tmp_pat
         assert len(resumed) >= faults.count("aggregator"), events
 
 
-@pytest.mark.parametrize("database_url", ["sqlite", "postgresql"], indirect=True)
+# SQLite only: killed, the embedded coordinator takes its database's writer with it (on PostgreSQL the
+# database lives on, and two replicas on one are the next test's).
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_coordinator_killed_mid_job_restarts_and_nothing_is_leased_or_paid_twice(
     tmp_path, chaos, database_url
 ):

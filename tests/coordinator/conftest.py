@@ -97,6 +97,7 @@ def running_coordinator(database_url: str, data_dir: Path, **settings: object) -
             "max_request_bytes": 64 * 1024,
             "max_blob_bytes": 256 * 1024,
             "reaper_interval_s": 3600,
+            "lease_placement_interval_s": 0,  # no reaper: every lease request may place (tests place so)
             "platform_fee_bps": 1000,
             # short: a node's signature outlives no more than a minute of clock
             "governance_voting_period_s": 10,

@@ -3,7 +3,8 @@
 A hypothesis state machine drives ``services.ledger.append`` in a real database (SQLite, and
 PostgreSQL when reachable) through the life of money: deposits, escrow at submission, settlement
 into held pay (the pure ``settle_job``), payouts after the audit window, withdrawals, stakes,
-slashes, and overdrafts that must be refused without writing anything. After every step: the
+slashes, guilty verdicts (a slash and the node's held pay for the job back to its consumer), and
+overdrafts that must be refused without writing anything. After every step: the
 accounts sum to zero, the money inside moved only by deposits and withdrawals, no balance but
 WORLD is negative, the kept balances are the journal replayed, and the signed chain verifies.
 """
@@ -48,6 +49,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.appended = 0
         self.jobs = itertools.count()
         self.open_jobs: dict[str, str] = {}  # job -> its consumer
+        self.owners: dict[str, str] = {}  # every job -> its consumer
         self.held: list[tuple[str, str]] = []  # (job, node) whose pay waits for the audit window
 
     # -- helpers --------------------------------------------------------------------------
@@ -81,7 +83,7 @@ class LedgerMachine(RuleBasedStateMachine):
         job = f"j{next(self.jobs)}"
         amount = self.draw_amount(data, wallet)
         self.append("escrow", [(wallet, -amount), (accounts.escrow(job), amount)])
-        self.open_jobs[job] = wallet.removeprefix("consumer:")
+        self.open_jobs[job] = self.owners[job] = wallet.removeprefix("consumer:")
 
     @precondition(lambda self: self.open_jobs)
     @rule(data=st.data(), fee_bps=st.sampled_from([0, 1000, 2500]))
@@ -135,6 +137,19 @@ class LedgerMachine(RuleBasedStateMachine):
         stake = data.draw(st.sampled_from(self.funded([accounts.stake(n) for n in NODES])))
         amount = self.draw_amount(data, stake)
         self.append("slash", [(stake, -amount), (accounts.SLASHED, amount)])
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), slash=amounts)
+    def guilty_verdict(self, data, slash):
+        """What ``services.verification`` moves for a guilty verdict: stake (what there is of it) to
+        ``platform:slashed``, and the node's held pay for the job back to the job's consumer."""
+        job, node = self.held.pop(data.draw(st.integers(0, len(self.held) - 1)))
+        taken = min(slash, self.balance(accounts.stake(node)))
+        if taken:
+            self.append("slash", [(accounts.stake(node), -taken), (accounts.SLASHED, taken)])
+        pay = self.balance(accounts.held(job, node))
+        refund = accounts.consumer(self.owners[job])
+        self.append("withhold", [(accounts.held(job, node), -pay), (refund, pay)])
 
     @rule(data=st.data(), extra=amounts)
     def overdraft_is_refused_and_writes_nothing(self, data, extra):

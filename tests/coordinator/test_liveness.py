@@ -12,6 +12,7 @@ from gpuflex.coordinator.app import create_app, reap_once
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import Lease, Node, make_engine, make_sessionmaker
 from gpuflex.market.liveness import fleet_interval_s
+from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.testing import serve, wait_for
 
@@ -107,6 +108,27 @@ def test_unrenewed_leases_expire_a_few_per_pass(coordinator):
         reap_once(coordinator.ctx)
         expired.append(4 - _active_leases(coordinator))
     assert expired == [2, 4]
+
+
+def test_a_lease_outlives_the_beats_of_a_fleet_stretched_past_the_lease_ttl(coordinator):
+    """A node beats, and so renews its lease, once an interval: a 4 s lease must not lapse while a
+    fleet large enough to stretch the interval to 6 s beats on time."""
+    _settings(coordinator, heartbeat_max_rate_per_s=1.0, lease_ttl_s=4)  # 6 nodes: the interval is 6 s
+    alice = coordinator.consumer("alice", deposit=20)
+    nodes = [coordinator.node("core", core=True, price=0.4)] + [coordinator.node(f"w{i}") for i in range(5)]
+    alice.submit(_spec(workers=1), alice.upload(b"corpus " * 100))
+    assert nodes[0].heartbeat([]).heartbeat_interval_s == 6
+    grants = [(node, grant) for node in nodes if (grant := node.lease()) is not None]
+    assert len(grants) == 2
+    for _ in range(3):  # 6 s since the last renewal, the reaper passes; then the next beat renews
+        coordinator.clock.advance(6)
+        reap_once(coordinator.ctx)
+        assert _active_leases(coordinator) == 2
+        for node, grant in grants:
+            node.heartbeat([m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch)])
+    coordinator.clock.advance(19)  # silent past 3 x 6 s: lost, and its leases end
+    reap_once(coordinator.ctx)
+    assert _active_leases(coordinator) == 0
 
 
 def test_a_restarted_coordinator_judges_nobody_until_nodes_could_beat(coordinator, tmp_path):

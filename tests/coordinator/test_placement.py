@@ -7,6 +7,8 @@ from gpuflex.coordinator.app import reap_once
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 
+from .conftest import running_coordinator
+
 WAITS = "worker 1 waits: no eligible community node is free and the job forbids core fallback"
 
 
@@ -83,3 +85,31 @@ def test_by_default_a_worker_falls_back_to_a_core_node(coordinator):
     assert reason.endswith("; core node because only 1 eligible community node")
     assert nodes["core-spare"].lease().role == "worker"
     assert not any("waits" in e.message for e in alice.logs(job.id))
+
+
+def test_a_heartbeat_tells_a_node_when_work_is_placed_on_it(coordinator):
+    """Idle agents ask for a lease when told, rather than polling: the heartbeat says so."""
+    alice, nodes, job = _network(coordinator, community=2)
+    assert not any(node.heartbeat([]).work for node in nodes.values())  # submitted, not placed yet
+    reap_once(coordinator.ctx)  # the reaper's placement pass
+    told = {name for name, node in nodes.items() if node.heartbeat([]).work}
+    placed = {name for name, _ in _placed(alice, job, nodes).values()}
+    assert told == placed and len(told) == 3  # the aggregator and two workers
+    grant = nodes["core-agg"].lease()
+    held = [m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch)]
+    assert not nodes["core-agg"].heartbeat(held).work  # leased: nothing more waits for it
+
+
+def test_lease_requests_run_a_placement_pass_at_most_once_per_interval(database_url, tmp_path):
+    """A thousand agents asking at once must not each read the whole market: the reaper places anyway."""
+    with running_coordinator(database_url, tmp_path, lease_placement_interval_s=3600) as coordinator:
+        alice, nodes, _ = _network(coordinator, community=3)
+        assert nodes["core-agg"].lease().role == "aggregator"  # the replica's one pass placed the job
+        spec = JobSpec.model_validate(
+            {"name": "t2", "resources": {"workers": 1}, "budget": 1.0, "max_price_per_hour": 0.5}
+        )
+        second = alice.submit(spec, alice.upload(b"corpus " * 2000))
+        assert nodes["c2"].lease() is None  # nothing placed on it, and no pass due: no lease
+        reap_once(coordinator.ctx)  # the reaper's pass places the new job
+        assert any(node.lease() is not None for node in nodes.values())
+        assert all(t.node_id is not None for t in alice.job(second.id).tasks)

@@ -68,7 +68,7 @@ def test_a_whole_job_through_rounds_settles_and_conserves_money(coordinator):
             delta = w.put_blob(f"delta-{r}-{i}".encode())
             assert w.submit_contribution(
                 m.ContributionSubmit(round=r, delta=delta, tokens=100, steps=5, train_loss=3.0)
-            )
+            ).accepted
         listed = agg.contributions(r)
         assert (len(listed.contributions), listed.live_workers) == (2, 2)
         with pytest.raises(Forbidden):
@@ -88,7 +88,7 @@ def test_a_whole_job_through_rounds_settles_and_conserves_money(coordinator):
         )
         assert workers[0].round_state(r + 1).update == update
         late = m.ContributionSubmit(round=r, delta=delta, tokens=1, steps=1, train_loss=1.0)
-        assert workers[1].submit_contribution(late) is False  # the round closed: turned away
+        assert workers[1].submit_contribution(late).accepted is False  # the round closed: turned away
     final = alice.job(job.id)
     assert final.state == "completed" and workers[0].latest_round().finished
     assert (final.initial_val_loss, final.val_loss) == (5.5, 4.0)
@@ -138,7 +138,7 @@ def test_a_replacement_workers_contribution_replaces_its_lost_predecessors(coord
     for _ in range(2):  # a retried submission is accepted again, not a conflict
         assert first.submit_contribution(
             m.ContributionSubmit(round=0, delta=delta, tokens=1, steps=1, train_loss=3)
-        )
+        ).accepted
     spare = coordinator.node("spare", price=0.2)
     coordinator.clock.advance(20)
     core.heartbeat([m.LeaseHeld(lease_id=aggregator_grant.lease_id, epoch=aggregator_grant.epoch)])
@@ -148,7 +148,7 @@ def test_a_replacement_workers_contribution_replaces_its_lost_predecessors(coord
     redo = second.put_blob(b"second")
     assert second.submit_contribution(
         m.ContributionSubmit(round=0, delta=redo, tokens=2, steps=2, train_loss=2)
-    )
+    ).accepted
     (only,) = agg.contributions(0).contributions
     assert (only.delta, only.node_id, only.tokens) == (redo, spare.key.node_id, 2)
 

@@ -10,10 +10,10 @@ from gpuflex.client import Client
 from gpuflex.coordinator.app import reap_once
 from gpuflex.errors import Conflict, Forbidden, InsufficientFunds, NotFound, Unauthorized
 from gpuflex.ledger import accounts
-from gpuflex.ledger.export import from_export
-from gpuflex.ledger.journal import balances, verify_chain
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
+
+from .ledger_checks import sound_totals
 
 WINDOW_S = 15  # node requests carry real time, so the coordinator's clock moves less than their skew
 
@@ -48,14 +48,6 @@ def _id(node) -> str:
     return node_id_for(node.key.public_key_hex)
 
 
-def _sound(alice) -> dict[str, int]:
-    journal = from_export(alice.ledger())
-    assert verify_chain(journal).ok
-    totals = balances(journal)
-    assert sum(totals.values()) == 0
-    return totals
-
-
 def test_pay_is_held_for_the_audit_window_then_released_once(coordinator):
     alice, job, _, worker = _worked_job(coordinator)
     wallet = worker.wallet()
@@ -69,7 +61,7 @@ def test_pay_is_held_for_the_audit_window_then_released_once(coordinator):
     reap_once(coordinator.ctx)  # a second pass (or a second replica) releases nothing more
     after = worker.wallet()
     assert (after.held, after.earnings) == (0, pytest.approx(wallet.held))
-    totals = _sound(alice)
+    totals = sound_totals(alice)
     assert not any(k.startswith(accounts.HELD) and v for k, v in totals.items())
     payouts = [e for e in alice.ledger().entries if e.kind == "payout"]
     assert len(payouts) == 1 and job.id in payouts[0].memo
@@ -84,7 +76,7 @@ def test_a_provider_withdraws_earnings_but_not_more(coordinator):
     with pytest.raises(InsufficientFunds):
         worker.withdraw(earned + 1)
     assert worker.withdraw(earned / 2).earnings == pytest.approx(earned / 2)
-    totals = _sound(alice)
+    totals = sound_totals(alice)
     assert totals[accounts.provider(_id(worker))] == round(earned * 1e6) - round(earned / 2 * 1e6)
 
 
@@ -103,7 +95,7 @@ def test_staking_from_outside_and_from_earnings_and_unstaking_when_idle(coordina
     assert worker.unstake(2.0).earnings == pytest.approx(2.0)
     with pytest.raises(InsufficientFunds):
         worker.unstake(earned + 1)
-    _sound(alice)
+    sound_totals(alice)
 
 
 def test_a_node_holding_a_lease_cannot_unstake(coordinator):
@@ -148,7 +140,7 @@ def test_the_operator_slashes_stake_and_withholds_the_jobs_held_pay(coordinator)
     reap_once(coordinator.ctx)
     assert worker.wallet().earnings == 0  # nothing left to release
     assert [s.evidence for s in alice.slashes()] == ["trace diverged at step 40"]
-    totals = _sound(alice)
+    totals = sound_totals(alice)
     assert totals[accounts.SLASHED] == 500_000
     assert any("withheld" in e.message for e in alice.logs(job.id))
 

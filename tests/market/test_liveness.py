@@ -27,6 +27,11 @@ def test_next_pass_is_strictly_after():
     assert next_pass_after(10.5, 1.0, phase_s=0.25) == 11.25
 
 
+def test_a_lease_never_lapses_before_its_node_may_be_judged_lost():
+    assert Liveness(2, 3).lease_ttl_s(15) == 15  # the base rules: the lease's own ttl
+    assert Liveness(30, 3).lease_ttl_s(15) == 90  # a stretched fleet: a live node renews every 30 s
+
+
 quarters = st.integers(1, 4 * 600).map(lambda n: n / 4)  # exact in binary: the test's sums stay exact
 
 
@@ -45,9 +50,10 @@ def test_noticed_at_is_the_first_reaper_pass_that_judges_the_dead_node(
     died = registered + lived
     seen = noticed_at(died, registered, rules, lease_ttl_s=ttl, reaper_interval_s=reaper)
     last_beat = registered + (lived // interval) * interval
-    judged = rules.is_lost(last_beat, seen) or lease_expired(lease_expires_at(last_beat, ttl), seen)
+    expires = lease_expires_at(last_beat, rules.lease_ttl_s(ttl))  # never before the node may be lost
+    judged = rules.is_lost(last_beat, seen) or lease_expired(expires, seen)
     assert seen >= died and judged
     earlier = seen - reaper  # the pass before it found the node neither lost nor expired
     if earlier > died:
         assert not rules.is_lost(last_beat, earlier)
-        assert not lease_expired(lease_expires_at(last_beat, ttl), earlier)
+        assert not lease_expired(expires, earlier)

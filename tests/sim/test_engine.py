@@ -64,12 +64,14 @@ def test_a_seed_replays_the_same_run(make_scenario):
     assert runs[0].count.events == runs[1].count.events
 
 
-def test_a_crash_is_noticed_by_the_liveness_rule_and_its_lease_re_assigned(raw_scenario):
+def _two_crashes(raw_scenario, **network) -> Simulation:
+    """A 60-round job on 30 nodes that lose nobody but its worker after round 2 and aggregator after 4."""
     data = raw_scenario(
-        availability={"session_hours_median": 1e4, "session_sigma": 0, "offline_hours_median": 1e-6}
+        availability={"session_hours_median": 1e4, "session_sigma": 0, "offline_hours_median": 1e-6},
+        network=network,
     )
     data["jobs"]["templates"][0]["spec"]["training"]["rounds"] = 60  # outlasts the 6 s it takes to notice
-    sim = Simulation(
+    return Simulation(
         parse_scenario(data),
         nodes=30,
         hours=1,
@@ -79,6 +81,20 @@ def test_a_crash_is_noticed_by_the_liveness_rule_and_its_lease_re_assigned(raw_s
             engine.Fault(job=0, after_round=4, role="aggregator"),
         ],
     ).run()
+
+
+def test_a_crash_is_noticed_by_the_liveness_rule_and_its_lease_re_assigned(raw_scenario):
+    sim = _two_crashes(raw_scenario)
     job = sim.jobs[0]
     assert job.state == "completed" and job.rounds_done == 60
     assert job.reassignments == 2 and sim.count.crashes_noticed == 2
+
+
+def test_a_fleet_stretched_to_a_longer_interval_notices_crashes_later(raw_scenario):
+    base = _two_crashes(raw_scenario).jobs[0]
+    # 30 nodes at most 1 beat/s: every 30 s, so a silent node is lost after 90 s, not 6 s
+    slow = _two_crashes(raw_scenario, heartbeat_max_rate_per_s=1.0).jobs[0]
+    assert slow.state == base.state == "completed" and slow.reassignments == base.reassignments == 2
+    waited = (slow.finished_at - slow.started_at) - (base.finished_at - base.started_at)
+    # the job stalls until its dead aggregator is noticed: 60 to 90 s after the crash, rather than 4 to 6
+    assert waited >= 90 - 30 - 6

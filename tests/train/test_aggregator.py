@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gpuflex.protocol.messages import ContributionSubmit
+from gpuflex.protocol.spec import VerificationSpec
 from gpuflex.train.aggregator import run_aggregator
 from gpuflex.train.checkpoint import load_tensors, save_tensors
 from gpuflex.train.compression import get_compressor
@@ -18,7 +19,9 @@ from .helpers import POLL, task_config, tiny_spec
 
 
 def _start(spec, corpus: bytes, live_workers: int) -> tuple[LocalTransport, threading.Thread, list]:
-    """An aggregator running in a thread over a fresh transport, once round 0 is out."""
+    """An aggregator running in a thread over a fresh transport, once round 0 is out. It averages
+    without verification: these contributions are hand-made, with no commitments."""
+    spec = spec.model_copy(update={"verification": VerificationSpec(robust=False)})
     transport = LocalTransport(spec.rounds, live_workers)
     config = task_config(spec, transport.put_blob(corpus), "aggregator")
     out: list = []
@@ -35,7 +38,7 @@ def _contribute(transport: LocalTransport, task: str, delta: dict | bytes, token
     blob = delta if isinstance(delta, bytes) else get_compressor(codec).compress(delta)
     view = transport.for_task(task)
     submit = ContributionSubmit(round=0, delta=view.put_blob(blob), tokens=tokens, steps=1, train_loss=loss)
-    assert view.submit_contribution(submit)
+    assert view.submit_contribution(submit).accepted
 
 
 def _poisoned(blob: bytes) -> bytes:

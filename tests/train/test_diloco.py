@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from gpuflex.protocol.messages import ContributionSubmit
+from gpuflex.protocol.messages import ContributionReceipt, ContributionSubmit
 from gpuflex.train import DiLoCo, LocalTransport
 
 from .helpers import Publisher, tiny_spec
@@ -26,7 +26,7 @@ def test_the_example_job_trains():
 class _Recording(LocalTransport):
     submitted: list[ContributionSubmit]
 
-    def submit_contribution(self, c: ContributionSubmit) -> bool:
+    def submit_contribution(self, c: ContributionSubmit) -> ContributionReceipt:
         self.submitted.append(c)
         return super().submit_contribution(c)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpuflex.errors import BadRequest, ServiceError
-from gpuflex.protocol.messages import ContributionSubmit
+from gpuflex.protocol.messages import ContributionReceipt, ContributionSubmit
 from gpuflex.train.aggregator import run_aggregator
 from gpuflex.train.checkpoint import sha256
 from gpuflex.train.compression import get_compressor
@@ -139,7 +139,7 @@ class _RoundClosesWhileTraining(LocalTransport):
 
     publisher: Publisher
 
-    def submit_contribution(self, c: ContributionSubmit) -> bool:
+    def submit_contribution(self, c: ContributionSubmit) -> ContributionReceipt:
         if c.round == 0:
             self.publisher.next_round()
             return super().submit_contribution(c)

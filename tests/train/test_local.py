@@ -30,11 +30,19 @@ def build_data(dataset, spec, worker_index, num_workers):
 
 def _children() -> list[int]:
     """Child processes of this one, zombies too, but for the resource tracker that multiprocessing
-    keeps for the lifetime of any process that spawns."""
-    pids = [
-        int(p) for task in Path("/proc/self/task").iterdir() for p in (task / "children").read_text().split()
-    ]
-    return [p for p in pids if b"resource_tracker" not in Path(f"/proc/{p}/cmdline").read_bytes()]
+    keeps for the lifetime of any process that spawns. Threads and children may vanish while we
+    look (torch's threads come and go), so what disappears is skipped."""
+    tasks = Path("/proc/self/task").iterdir()
+    pids = [int(p) for task in tasks for p in (_read(task / "children") or "").split()]
+    commands = {p: _read(Path(f"/proc/{p}/cmdline")) for p in pids}
+    return [p for p, command in commands.items() if command is not None and "resource_tracker" not in command]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
 
 
 def test_a_job_runs_as_processes_and_its_validation_loss_falls(corpus):

@@ -5,7 +5,7 @@ from itertools import pairwise
 import pytest
 import torch
 
-from gpuflex.train.schedule import FLOOR, lr_factor, set_lr
+from gpuflex.train.schedule import FLOOR, lr_factor, lr_share, set_lr
 
 from .helpers import tiny_spec
 
@@ -32,3 +32,11 @@ def test_set_lr_moves_every_group():
     optimizer = torch.optim.AdamW([{"params": [a]}, {"params": [b]}], lr=spec.lr)
     set_lr(optimizer, spec, 0.5)
     assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(0.01 * (FLOOR + (1 - FLOOR) / 2))] * 2
+
+
+def test_half_a_rounds_steps_take_half_its_lr_only_where_the_lr_is_flat():
+    warming = tiny_spec(rounds=60, inner_steps=8, lr_schedule="cosine", warmup=0.04)
+    assert lr_share(warming, 0, 4) < 0.3  # rising lr: the later steps of round 0 move the model most
+    assert lr_share(warming, 0, 8) == pytest.approx(1.0) and lr_share(warming, 0, 0) == 0.0
+    flat = tiny_spec(rounds=60, inner_steps=8, lr_schedule="constant")
+    assert lr_share(flat, 0, 4) == pytest.approx(0.5)

@@ -61,7 +61,7 @@ def test_messages_are_counted_as_their_json_and_every_call_pays_the_latency():
     assert link.stats().bytes_down == len("null") + len(state.model_dump_json())
     digest = hub.put_blob(b"delta")
     submission = ContributionSubmit(round=0, delta=digest, tokens=10, steps=1, train_loss=2.0)
-    assert link.submit_contribution(submission)
+    assert link.submit_contribution(submission).accepted
     link.log("hello")
     stats = link.stats()
     assert stats.bytes_up == len(submission.model_dump_json()) + len('"hello"')

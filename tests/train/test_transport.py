@@ -31,7 +31,7 @@ def _submit(t: LocalTransport, round: int, payload: bytes = b"delta") -> bool:
     digest = t.put_blob(payload)
     return t.submit_contribution(
         ContributionSubmit(round=round, delta=digest, tokens=10, steps=1, train_loss=1.0)
-    )
+    ).accepted
 
 
 def test_blobs_are_content_addressed(make: Factory):

@@ -39,9 +39,12 @@ class AgentConfig:
     available_hours: float | None = None  # on offer for this long from the agent's start; None: open-ended
     task_threads: int = 0  # 0: torch's default (every core); the local network uses 1 per task
     emulate_step_s: float = 0.0  # > 0: pad each inner step to this long (one machine posing as many)
-    lease_poll_s: float = 1.0
+    lease_poll_s: float = 30.0  # idle, ask for work this often even unasked; a heartbeat says when to ask
     benchmark_s: float = 1.5
     limits: Limits = field(default_factory=Limits)
+    # TESTING ONLY: every worker task plays this gpuflex.train.adversaries kind (a cheating provider,
+    # for `gpuflex demo --cheater` and tests of verification). None: an honest provider.
+    adversary: str | None = None
 
 
 @dataclass
@@ -60,6 +63,10 @@ class Agent:
         self.heartbeat_interval_s = 2.0
         self.task: RunningTask | None = None  # owned by the main loop; the heartbeat thread only reads it
         self.revoked: set[str] = set()  # leases the coordinator told us to stop, filled by heartbeats
+        # set when a heartbeat says a task is placed on us (and at the start): the lease loop asks then,
+        # rather than every idle agent polling the coordinator for work
+        self.work = threading.Event()
+        self.work.set()
         hours = config.available_hours
         self.available_until = None if hours is None else time.time() + hours * 3600
 
@@ -108,13 +115,18 @@ class Agent:
         while not self.stopping.is_set():
             self._duty("watch task", self._watch_task)
             if self.task is None and not self.stopping.is_set():
+                self.work.clear()
                 self._duty("lease", self._lease)
-            self.stopping.wait(self.config.lease_poll_s if self.task is None else 0.5)
+            if self.task is None:
+                self.work.wait(self.config.lease_poll_s)
+            else:
+                self.stopping.wait(0.5)
         self._drain()
         beat.join(timeout=5)
 
     def stop(self, *_: object) -> None:
         self.stopping.set()
+        self.work.set()  # wakes the lease loop
 
     def _duty(self, name: str, fn) -> None:
         try:
@@ -134,6 +146,15 @@ class Agent:
         ack = self.client.heartbeat(held)
         self.heartbeat_interval_s = ack.heartbeat_interval_s
         self.revoked.update(ack.revoked)
+        if ack.work:
+            self.work.set()
+
+    def _task_config(self, grant: m.LeaseGrant) -> m.TaskConfig:
+        """The task as leased; a worker of a (testing-only) cheating agent plays its adversary."""
+        if self.config.adversary is None or grant.role != "worker":
+            return grant.task
+        log.warning("TESTING ONLY: worker task %s plays adversary %r", grant.task_id, self.config.adversary)
+        return grant.task.model_copy(update={"adversary": self.config.adversary})
 
     def _lease(self) -> None:
         grant = self.client.lease()
@@ -141,7 +162,7 @@ class Agent:
             return
         workdir = self.config.data_dir / "tasks" / grant.lease_id
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "task.json").write_text(grant.task.model_dump_json())
+        (workdir / "task.json").write_text(self._task_config(grant).model_dump_json())
         process = start_task(
             [sys.executable, "-m", "gpuflex.agent.runner", "task.json"],
             workdir=workdir,

@@ -3,6 +3,11 @@
 One coordinator (SQLite under the demo's data directory), one core node and three community
 providers as separate processes; the built-in job (``examples/char-gpt.yaml``) trains a
 character-level GPT on the standard library's source across 3 workers.
+
+``--cheater`` adds a fourth community provider, the cheapest, whose worker plays an adversary
+(``CHEATER_PLAYS``: its pseudo-gradient times 10) and which stakes a credit: the aggregator's
+screening convicts it, the coordinator slashes its stake and bars it from the job, the task goes to
+an honest provider and the job still completes.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gpuflex.cli.jobs import upload_inputs
+from gpuflex.auth.signing import NodeKey
+from gpuflex.cli.jobs import upload_inputs, verdict_table
 from gpuflex.cli.watch import watch_job
-from gpuflex.client import Client
+from gpuflex.client import Client, NodeClient
 from gpuflex.errors import BadRequest, GPUFlexError, ServiceError
 from gpuflex.ledger.export import verify_export
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
@@ -33,6 +39,11 @@ PROVIDERS = [
     ("community-2", 0.12, False),
     ("community-3", 0.15, False),
 ]
+
+
+CHEATER = ("cheater-1", 0.09, False)  # the cheapest: the market picks it as a worker
+CHEATER_PLAYS = "scaled"  # a gpuflex.train.adversaries kind that screening catches in its first round
+CHEATER_STAKE = 1.0  # credits it bonds, as a community provider must for the network to trust it
 
 
 MARKER = ".gpuflex-demo"  # marks a directory the demo made, so it only ever wipes its own
@@ -67,6 +78,9 @@ def demo(
         "gpuflex-demo"
     ),
     rounds: Annotated[int | None, typer.Option(help="override the job's rounds")] = None,
+    cheater: Annotated[
+        bool, typer.Option("--cheater", help="one more provider cheats: watch it caught, slashed and barred")
+    ] = False,
 ) -> None:
     """Start a local network, train the built-in job on it, print results, and stop everything."""
     fresh_demo_dir(data_dir)
@@ -79,14 +93,20 @@ def demo(
         console.print(f"coordinator: {url} (SQLite in {data_dir / 'coordinator'})")
         client = Client(url, Client(url).create_account("demo").token)
         client.deposit(10)
-        for count, (name, price, core) in enumerate(PROVIDERS, 1):
-            net.start_agent(name, price=price, core=core, extra=["--core-token", CORE_TOKEN] if core else [])
+        providers = [*PROVIDERS, CHEATER] if cheater else PROVIDERS
+        for count, (name, price, core) in enumerate(providers, 1):
+            extra = ["--core-token", CORE_TOKEN] if core else []
+            if name == CHEATER[0]:
+                extra = ["--adversary", CHEATER_PLAYS]
+            net.start_agent(name, price=price, core=core, extra=extra)
             # one at a time: on one machine, benchmarks run side by side would score each other
             _wait_for_nodes(client, count)
         console.print(
-            f"{len(PROVIDERS)} providers online (1 core, {len(PROVIDERS) - 1} community); "
+            f"{len(providers)} providers online (1 core, {len(providers) - 1} community); "
             f"logs in {data_dir / 'logs'}"
         )
+        if cheater:
+            _stake_cheater(url, data_dir)
         quote = client.quote(spec)
         if quote.placeable:
             console.print(
@@ -105,7 +125,42 @@ def demo(
             raise GPUFlexError(
                 f"job {job.id} ended {final.state}: {final.reason}\n{_last_events(client, job.id)}"
             )
+        if cheater:
+            _report_verdicts(client, job.id)
         _report(client, job.id, data_dir, time.monotonic() - started, quote)
+
+
+def _stake_cheater(url: str, data_dir: Path) -> None:
+    """The cheater bonds stake like an honest community provider would: that is what a verdict takes."""
+    name = CHEATER[0]
+    node = NodeClient(url, NodeKey.load_or_create(data_dir / "agents" / name / "node.key"))
+    node.stake(CHEATER_STAKE)
+    console.print(
+        f"{name} staked {CHEATER_STAKE:.6f} credits and plays adversary '{CHEATER_PLAYS}' (testing only)",
+        highlight=False,
+    )
+
+
+def _report_verdicts(client: Client, job_id: str) -> None:
+    """What verification found, and what the job's log says came of it."""
+    verdicts = client.verdicts(job_id)
+    if not verdicts:
+        raise GPUFlexError(f"job {job_id}: the cheater was never caught\n{_last_events(client, job_id)}")
+    console.print(verdict_table(verdicts))
+    convicted = False
+    for event in client.logs(job_id):
+        convicted = convicted or event.message.startswith("verdict:")
+        if convicted and (
+            "verdict:" in event.message or "cheating" in event.message or " leased to " in event.message
+        ):
+            console.print(event.message, highlight=False)
+    for node_id in {v.node_id for v in verdicts if v.guilty}:
+        offer = next(o for o in client.offers() if o.node_id == node_id)
+        console.print(
+            f"{offer.name} ({node_id}): reputation now {offer.reliability:.2f}; its pay for this job stays "
+            "held and goes back to you when the audit window ends",
+            highlight=False,
+        )
 
 
 def _last_events(client: Client, job_id: str) -> str:

@@ -15,7 +15,7 @@ from gpuflex.cli.profile import consumer_client
 from gpuflex.cli.watch import watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
-from gpuflex.protocol.messages import JobInfo, Quote
+from gpuflex.protocol.messages import JobInfo, Quote, Verdict
 from gpuflex.protocol.spec import JobSpec, load_job_spec
 
 job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
@@ -162,7 +162,7 @@ def offers(
 
 @job_app.command("show")
 def show(job_id: JobId, url: Url = None, token: Token = None) -> None:
-    """A job's state, its tasks (and why each node was chosen), rounds and costs."""
+    """A job's state, its tasks (and why each node was chosen), rounds, costs and verdicts."""
     job = consumer_client(url, token).job(job_id)
     _summary(job)
     clearing = "" if job.clearing_price is None else f"; clearing price {job.clearing_price:.3f} credits/h"
@@ -178,6 +178,28 @@ def show(job_id: JobId, url: Url = None, token: Token = None) -> None:
         costs.add_row(c.node_id, c.name, c.kind, f"{c.seconds:.1f}", f"{c.cost:.6f}")
     for table in (tasks, rounds, costs):
         console.print(table)
+    if job.verdicts:
+        console.print(verdict_table(job.verdicts))
+
+
+def verdict_table(verdicts: list[Verdict]) -> Table:
+    """What verification found, newest first: a guilty node was slashed and barred from the job."""
+    table = Table(
+        "round", "task", "node", "check", "verdict", "slashed", "withheld", "reason", title="verdicts"
+    )
+    for v in verdicts:
+        outcome = "[red]guilty[/red]" if v.guilty else "[green]clean[/green]"
+        table.add_row(
+            str(v.round),
+            v.task_id,
+            v.node_id,
+            v.check,
+            outcome,
+            f"{v.slashed:.6f}",
+            f"{v.withheld:.6f}",
+            v.reason,
+        )
+    return table
 
 
 @job_app.command("logs")

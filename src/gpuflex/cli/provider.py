@@ -17,7 +17,7 @@ import typer
 from gpuflex.auth.signing import NodeKey
 from gpuflex.cli.profile import resolve_url
 from gpuflex.client import NodeClient
-from gpuflex.errors import NotFound
+from gpuflex.errors import BadRequest, NotFound
 from gpuflex.jsonlog import LogFormat
 
 provider_app = typer.Typer(help="Offer this machine's compute.", no_args_is_help=True)
@@ -75,12 +75,24 @@ def start(
     log_format: Annotated[
         LogFormat, typer.Option(envvar="GPUFLEX_LOG_FORMAT", help="text, or json (one object per line)")
     ] = "text",
+    adversary: Annotated[
+        str | None,
+        typer.Option(
+            help="TESTING ONLY: cheat — every worker task plays this gpuflex.train.adversaries kind "
+            "(e.g. scaled); verification should slash this node and bar it from the job"
+        ),
+    ] = None,
 ) -> None:
     """Run the provider agent until SIGTERM / Ctrl-C; a running task is handed back on the way out."""
     from gpuflex import jsonlog
     from gpuflex.agent.daemon import Agent, AgentConfig
     from gpuflex.agent.sandbox import Limits
 
+    if adversary is not None:
+        from gpuflex.train.adversaries import KINDS
+
+        if adversary not in KINDS:
+            raise BadRequest(f"unknown adversary {adversary!r}: one of {', '.join(KINDS)}")
     name = name or socket.gethostname()
     config = AgentConfig(
         coordinator_url=resolve_url(url),
@@ -94,6 +106,7 @@ def start(
         task_threads=threads,
         emulate_step_s=emulate_step_s,
         limits=Limits(memory_mb=memory_mb),
+        adversary=adversary,
     )
     agent = Agent(config)
     jsonlog.configure(log_format, node_id=agent.key.node_id)

@@ -55,6 +55,11 @@ class Client:
             m.JobEvent.model_validate(e) for e in self.http.request("GET", f"/v1/jobs/{job_id}/logs").json()
         ]
 
+    def verdicts(self, job_id: str) -> list[m.Verdict]:
+        """What verification found on the job's contributions, newest first."""
+        rows = self.http.request("GET", f"/v1/jobs/{job_id}/verdicts").json()
+        return [m.Verdict.model_validate(v) for v in rows]
+
     def checkpoint(self, job_id: str) -> bytes:
         return self.http.request("GET", f"/v1/jobs/{job_id}/checkpoint").content
 

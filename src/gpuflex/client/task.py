@@ -44,9 +44,15 @@ class TaskClient:
     def round_state(self, round: int) -> m.RoundState:
         return m.RoundState.model_validate(self.http.request("GET", f"/v1/task/rounds/{round}").json())
 
-    def submit_contribution(self, contribution: m.ContributionSubmit) -> bool:
+    def submit_contribution(self, contribution: m.ContributionSubmit) -> m.ContributionReceipt:
         response = self.http.request("POST", "/v1/task/contributions", json=contribution.model_dump())
-        return bool(response.json()["accepted"])
+        return m.ContributionReceipt.model_validate(response.json())
+
+    def submit_audit_state(self, audit: m.AuditStateSubmit) -> None:
+        self.http.request("POST", "/v1/task/audit-states", json=audit.model_dump())
+
+    def report_verdict(self, verdict: m.VerdictSubmit) -> None:
+        self.http.request("POST", "/v1/task/verdicts", json=verdict.model_dump())
 
     def contributions(self, round: int) -> m.ContributionList:
         response = self.http.request("GET", "/v1/task/contributions", params={"round": round})

@@ -23,6 +23,7 @@ from gpuflex.coordinator import web
 from gpuflex.coordinator.auth import anonymous_call
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
+from gpuflex.coordinator.fastpath import HeartbeatFastPath
 from gpuflex.coordinator.heartbeats import HeartbeatWriter
 from gpuflex.coordinator.limits import BodySizeLimit
 from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
@@ -220,4 +221,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         limits={f"/{API_VERSION}/blobs/": ctx.settings.max_blob_bytes},
     )
     app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(
+        HeartbeatFastPath, ctx=ctx, writer=heartbeats, limits=app.state.rate_limits, metrics=metrics
+    )
     return app

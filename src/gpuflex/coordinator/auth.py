@@ -100,7 +100,7 @@ async def verified_signature(signed: SignedRequest, ctx: Ctx) -> tuple[str, str]
     if public_key is None:
 
         def read() -> str | None:
-            with ctx.sessions() as s:
+            with ctx.read() as s:
                 return s.scalar(select(Node.public_key).where(Node.id == node_id))
 
         public_key = await run_in_threadpool(read)

@@ -4,6 +4,7 @@ heartbeat rules, cached briefly because every heartbeat needs them."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpuflex.auth.signing import NodeKey
+from gpuflex.coordinator.db import READ_ONLY
 from gpuflex.coordinator.services import ledger, liveness
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.storage import BlobStore
@@ -30,6 +32,8 @@ class CoordinatorContext:
     node_keys: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # node id -> public key
     _rules: tuple[float, liveness.Liveness] | None = field(default=None, init=False, repr=False)
     _one_writer: AbstractContextManager = field(default_factory=nullcontext, init=False, repr=False)
+    _placed_at: float = field(default=-math.inf, init=False, repr=False)  # monotonic
+    _placement_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.ledger_key = self.settings.resolved_ledger_key()
@@ -38,8 +42,25 @@ class CoordinatorContext:
             # process's writers on a lock, not on SQLite's busy handler, which sleeps up to 100 ms a try.
             self._one_writer = threading.RLock()
 
+    def placement_due(self) -> bool:
+        """May a lease request run a placement pass now? Yes once per ``lease_placement_interval_s``."""
+        with self._placement_lock:
+            now = time.monotonic()
+            if now - self._placed_at < self.settings.lease_placement_interval_s:
+                return False
+            self._placed_at = now
+            return True
+
     def now(self) -> float:
         return self.clock()
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A transaction that only reads: it neither waits for nor holds the write lock (on SQLite a
+        deferred BEGIN, which reads a WAL snapshot beside the writer)."""
+        reader = self.engine.execution_options(**{READ_ONLY: True})
+        with self.sessions(bind=reader) as session, session.begin():
+            yield session
 
     @contextmanager
     def tx(self) -> Iterator[Session]:

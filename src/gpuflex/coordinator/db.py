@@ -12,6 +12,7 @@ import secrets
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -159,6 +160,28 @@ class Contribution(Base):
     steps: Mapped[int] = mapped_column(Integer)
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+    commitment: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # protocol Commitment, as sent
+    audit_segment: Mapped[int | None] = mapped_column(Integer, nullable=True)  # drawn for audit: this one
+    audit_state: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the worker's answer (blob)
+
+
+class Verdict(Base):
+    """What verification found on one contribution; a guilty one bars its node from the job."""
+
+    __tablename__ = "verdicts"
+    __table_args__ = (UniqueConstraint("job_id", "round", "task_id", "check"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    round: Mapped[int] = mapped_column(Integer)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    guilty: Mapped[bool] = mapped_column(Boolean)
+    check: Mapped[str] = mapped_column(String(16))  # screen | audit | no-show
+    reason: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict] = mapped_column(JSON)
+    slashed_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    withheld_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    at: Mapped[float] = mapped_column(Float)
 
 
 class JobEvent(Base):
@@ -262,6 +285,9 @@ def lock(session: Session, key: int) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
+READ_ONLY = "gpuflex_read_only"  # an execution option: the transaction only reads (``context.read``)
+
+
 def make_engine(url: str) -> Engine:
     """An engine whose transactions serialize properly on SQLite and pool well on PostgreSQL."""
     if url.startswith("sqlite"):
@@ -278,8 +304,10 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _begin_immediate(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        def _begin(conn):
+            # a write takes the lock up front (no upgrade deadlock); a read takes none: WAL reads beside it
+            read_only = conn.get_execution_options().get(READ_ONLY)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)

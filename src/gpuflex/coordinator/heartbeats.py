@@ -70,22 +70,25 @@ class HeartbeatWriter:
         beats = [beat for beat, _ in batch]
         try:
             with self.ctx.tx() as s:
-                now, interval_s = self.ctx.now(), self.ctx.liveness(s).interval_s
+                now, rules = self.ctx.now(), self.ctx.liveness(s)
+                interval_s = rules.interval_s
                 refused = registry.record_beats(s, beats, interval_s=interval_s, now=now)
                 held = [
                     (b.node_id, b.held if why is None else ()) for b, why in zip(beats, refused, strict=True)
                 ]
-                revoked = leases.renew(s, held, self.ctx.settings, now)
+                revoked = leases.renew(s, held, self.ctx.settings, rules, now)
+                waiting = leases.work_waiting(s, [b.node_id for b in beats])
         except Exception as err:  # the batch is rolled back: every heartbeat in it fails alike
             log.warning("a batch of %d heartbeats failed: %s", len(batch), err)
             for _, done in batch:
                 done.set_exception(err)
             return
-        for (_, done), why, stop in zip(batch, refused, revoked, strict=True):
+        for (beat, done), why, stop in zip(batch, refused, revoked, strict=True):
             if isinstance(why, Unauthorized):
                 done.set_exception(why)
             else:
-                done.set_result(HeartbeatAck(heartbeat_interval_s=interval_s, revoked=stop))
+                work = beat.node_id in waiting
+                done.set_result(HeartbeatAck(heartbeat_interval_s=interval_s, revoked=stop, work=work))
 
 
 async def get_heartbeats(request: Request) -> HeartbeatWriter:

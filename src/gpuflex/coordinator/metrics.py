@@ -73,6 +73,9 @@ class CoordinatorMetrics:
         self.rounds_published = Counter("gpuflex_rounds_published", "Rounds published", registry=r)
         self.leases_granted = Counter("gpuflex_leases_granted", "Leases granted", registry=r)
         self.leases_expired = Counter("gpuflex_leases_expired", "Leases that expired unrenewed", registry=r)
+        self.verdicts = Counter(
+            "gpuflex_verdicts", "Verdicts recorded, by check and outcome", ["check", "guilty"], registry=r
+        )
         self.heartbeats = Counter("gpuflex_heartbeats", "Node heartbeats received", registry=r)
         self.bytes_in = Counter("gpuflex_blob_bytes_in", "Blob bytes uploaded", registry=r)
         self.bytes_out = Counter("gpuflex_blob_bytes_out", "Blob and checkpoint bytes downloaded", registry=r)

@@ -31,6 +31,13 @@ class CoordinatorSettings(BaseSettings):
         1.0, ge=0, description="how long a replica reuses the heartbeat rules (governed values, fleet size)"
     )
     reaper_interval_s: float = Field(1.0, gt=0)
+    lease_placement_interval_s: float = Field(
+        1.0,
+        ge=0,
+        description="a lease request that finds nothing placed on its node runs a placement pass at most "
+        "this often per replica (the reaper runs one every pass): a thousand agents asking at once do not "
+        "each read the whole market",
+    )
     lease_ends_per_pass: int = Field(
         100,
         ge=1,

@@ -35,6 +35,12 @@ class Liveness:
         """How long a (re)started coordinator judges nobody lost: every node has had time to beat."""
         return self.lost_after_s + self.interval_s
 
+    def lease_ttl_s(self, base_ttl_s: float) -> float:
+        """How long a lease lives past its last renewal: ``base_ttl_s``, or as long as its node is given
+        before it is judged lost once the fleet has stretched the interval past that (a node beats, and so
+        renews, once an interval: a shorter lease would expire between two beats of a live node)."""
+        return max(base_ttl_s, self.lost_after_s)
+
     def lost_deadline(self, now: float) -> float:
         """A node whose last heartbeat came before this moment is lost at ``now``."""
         return now - self.lost_after_s
@@ -82,8 +88,9 @@ def noticed_at(
     """When the reaper first ends the leases of a node that died silently at ``died_at``: the first pass
     that finds it lost (``is_lost``) or its lease, renewed by its last beat, expired (``lease_expired``)."""
     last = last_beat_before(died_at, registered_at, rules.interval_s)
+    expires_at = lease_expires_at(last, rules.lease_ttl_s(lease_ttl_s))
     lost = next_pass_after(last + rules.lost_after_s, reaper_interval_s, phase_s)
-    expired = next_pass_after(lease_expires_at(last, lease_ttl_s), reaper_interval_s, phase_s)
+    expired = next_pass_after(expires_at, reaper_interval_s, phase_s)
     at = max(min(lost, expired), died_at)
-    assert rules.is_lost(last, at) or lease_expired(lease_expires_at(last, lease_ttl_s), at), "rule drift"
+    assert rules.is_lost(last, at) or lease_expired(expires_at, at), "rule drift"
     return at

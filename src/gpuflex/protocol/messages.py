@@ -126,6 +126,7 @@ class Heartbeat(Message):
 class HeartbeatAck(Message):
     heartbeat_interval_s: float
     revoked: list[str] = Field(default_factory=list, description="leases to stop now")
+    work: bool = Field(False, description="a task is placed on this node: ask for its lease now")
 
 
 class TaskConfig(Message):
@@ -139,6 +140,9 @@ class TaskConfig(Message):
     training: TrainingSpec
     dataset: Sha256 | None = None
     recipe_code: Sha256 | None = Field(None, description="the user recipe's file, with recipe 'user'")
+    adversary: str | None = Field(
+        None, description="testing only: the gpuflex.train.adversaries kind this worker plays"
+    )
 
 
 class LeaseGrant(Message):
@@ -238,6 +242,7 @@ class JobDetail(JobInfo):
     clearing_price: float | None = Field(
         None, description="credits per hour every worker is paid, once an auction job's auction cleared"
     )
+    verdicts: list[Verdict] = Field(default_factory=list, description="what verification found, newest first")
 
 
 class QuoteNode(Message):
@@ -299,12 +304,49 @@ class RoundState(Message):
     )
 
 
+TraceHash = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$", description="a state hash, truncated to 64 bits")]
+
+
+class Commitment(Message):
+    """What a worker binds itself to with a contribution, so an auditor can re-run any segment of it."""
+
+    seed: Count64 = Field(description="the seed of the generator that drew its batches")
+    start: Sha256 = Field(description="hash of the parameters the round started from")
+    data: Sha256 = Field(description="hash of the sample indices it trained on, in order")
+    every: Annotated[int, Field(ge=1, le=INT32_MAX)] = Field(description="inner steps between trace hashes")
+    trace: Annotated[list[TraceHash], Field(max_length=64)] = Field(
+        description="hashes of the training state after steps every, 2·every, …, and after the last"
+    )
+    device: Annotated[str, Field(max_length=64)] = Field(
+        description="hardware class ('cpu', 'cuda:8.0'): equal classes must reproduce the trace bitwise"
+    )
+    residual: TraceHash | None = Field(
+        None,
+        description="hash of the error-feedback residual the delta was compressed with: binds the delta "
+        "to the trace's last state (delta = compress(start - last state + residual))",
+    )
+
+
 class ContributionSubmit(Message):
     round: Count32
     delta: Sha256 = Field(description="blob of the compressed pseudo-gradient")
     tokens: Count64
     steps: Count32
     train_loss: Loss
+    commitment: Commitment | None = None
+
+
+class ContributionReceipt(Message):
+    accepted: bool = Field(description="false when the round had closed: the worker should catch up")
+    audit_segment: int | None = Field(
+        None, description="this contribution was drawn for audit: upload the state at this segment's start"
+    )
+
+
+class AuditStateSubmit(Message):
+    round: Count32
+    segment: Count32
+    state: Sha256 = Field(description="blob of the training state at the segment's start")
 
 
 class Contribution(Message):
@@ -314,6 +356,34 @@ class Contribution(Message):
     tokens: int
     steps: int
     train_loss: Loss
+    commitment: Commitment | None = None
+    audit_segment: int | None = Field(None, description="drawn for audit: the segment to re-execute")
+    audit_state: Sha256 | None = Field(None, description="the state the worker uploaded for the audit")
+
+
+VerdictCheck = Literal["screen", "audit", "no-show"]
+Evidence = Annotated[dict[str, str | float | int | None], Field(max_length=32)]
+
+
+class VerdictSubmit(Message):
+    """The aggregator's (a core node's) finding on one contribution."""
+
+    round: Count32
+    task_id: str
+    guilty: bool
+    check: VerdictCheck = Field(
+        description="screen: the aggregator's screening; audit: re-execution; "
+        "no-show: the audit state never came"
+    )
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+    evidence: Evidence = Field(default_factory=dict)
+
+
+class Verdict(VerdictSubmit):
+    node_id: str
+    at: float
+    slashed: float = Field(0.0, description="credits taken from the node's stake")
+    withheld: float = Field(0.0, description="held pay of this job sent back to the consumer")
 
 
 class ContributionList(Message):

@@ -101,6 +101,21 @@ class CompressionSpec(_Strict):
         return f"topk {self.density:.0%} + {self.values}" if self.method == "topk" else self.method
 
 
+class VerificationSpec(_Strict):
+    """How a job's contributions are checked: screened by the aggregator, a sample of them re-executed."""
+
+    audit_rate: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.05, description="the share of contributions whose one random trace segment is re-executed"
+    )
+    trace_every: Annotated[int, Field(ge=1, le=100_000)] | None = Field(
+        None, description="inner steps between two trace hashes; default: inner_steps / 8, at least 1"
+    )
+    robust: bool = Field(True, description="screen pseudo-gradients and aggregate with clipping")
+    slash: Annotated[float, Field(ge=0, le=1_000_000)] = Field(
+        1.0, description="credits taken from a node's stake for each guilty verdict"
+    )
+
+
 class TrainingSpec(_Strict):
     recipe: Recipe = "char-gpt"
     recipe_file: str | None = Field(None, description="with recipe 'user': the Python file to run")
@@ -132,6 +147,7 @@ class TrainingSpec(_Strict):
     eval_batches: Annotated[int, Field(ge=1, le=1000)] = 8
     round_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 120
     model: ModelSpec = Field(default_factory=ModelSpec)
+    verification: VerificationSpec = Field(default_factory=VerificationSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingSpec:

@@ -8,7 +8,9 @@ One heap of timed events, processed in time order; every decision is the network
   whenever the node becomes free;
 - liveness: a node that dies silently is noticed at ``market.liveness.noticed_at`` (the reaper pass
   that finds it lost or its lease expired), with no heartbeat simulated one by one; its lease is
-  metered to its last beat, as ``services.leases.expire_for_node`` does;
+  metered to its last beat, as ``services.leases.expire_for_node`` does. Nodes beat at
+  ``market.liveness.fleet_interval_s`` of the fleet online at the time (a large fleet beats slower,
+  so its crashes are noticed later), a node's beats counted at the interval in force when it leaves;
 - metering: ``ledger.metering.lease_cost_micro`` at ``market.pricing.lease_price``;
 - a round's length: ``market.pricing.round_seconds`` on the slowest member's ``step_seconds``, over the
   slowest link (a worker's own, or the aggregator's shared by all workers).
@@ -40,7 +42,7 @@ import numpy as np
 
 from gpuflex.ledger.metering import lease_cost_micro
 from gpuflex.market import reputation
-from gpuflex.market.liveness import Liveness, last_beat_before, next_pass_after, noticed_at
+from gpuflex.market.liveness import Liveness, fleet_interval_s, last_beat_before, next_pass_after, noticed_at
 from gpuflex.market.matching import Requirements
 from gpuflex.market.placement import place_job
 from gpuflex.market.pricing import (
@@ -139,8 +141,6 @@ class Simulation:
         self.scenario = scenario
         self.horizon = (scenario.hours if hours is None else hours) * 3600
         self.rng = np.random.default_rng(scenario.seed if seed is None else seed)
-        net = scenario.network
-        self.rules = Liveness(net.heartbeat_interval_s, net.heartbeat_misses)
         self.pop = Population.draw(scenario, scenario.nodes if nodes is None else nodes, self.rng)
         self.churn = Churn(scenario, self.rng)
         self.templates = [t.spec for t in scenario.jobs.templates]
@@ -189,6 +189,13 @@ class Simulation:
         self._never_back: set[int] = set()
         self._leased_workers = 0
         self._leased_since = 0.0
+
+    @property
+    def rules(self) -> Liveness:
+        """The heartbeat rules now: the base interval stretched to the fleet online, as the coordinator's."""
+        net = self.scenario.network
+        interval_s = fleet_interval_s(net.heartbeat_interval_s, self.n_online, net.heartbeat_max_rate_per_s)
+        return Liveness(interval_s, net.heartbeat_misses)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -274,15 +281,16 @@ class Simulation:
         self.n_online -= 1
         self.session[i] += 1
         self.index.remove(i)
-        last = last_beat_before(self.now, self.session_start[i], self.rules.interval_s)
+        rules = self.rules
+        last = last_beat_before(self.now, self.session_start[i], rules.interval_s)
         self.last_beat[i] = last
-        self.beats[i] += round((last - self.session_start[i]) / self.rules.interval_s) + 1
+        self.beats[i] += round((last - self.session_start[i]) / rules.interval_s) + 1
         if crash and self.busy_job[i] != NO_JOB:  # silent: the coordinator learns it from missed beats
             net = self.scenario.network
             seen = noticed_at(
                 self.now,
                 self.session_start[i],
-                self.rules,
+                rules,
                 lease_ttl_s=net.lease_ttl_s,
                 reaper_interval_s=net.reaper_interval_s,
             )
@@ -318,13 +326,13 @@ class Simulation:
         present = self.presence_s[i]
         if self.online_since[i] is not None:
             present += self.now - self.online_since[i]
-        beats = self.beats[i]
+        beats, interval_s = self.beats[i], self.rules.interval_s
         if self.online[i]:
-            beats += int((self.now - self.session_start[i]) / self.rules.interval_s) + 1
+            beats += int((self.now - self.session_start[i]) / interval_s) + 1
         record = reputation.Record.of(
             heartbeats=beats,
             present_s=present,
-            heartbeat_interval_s=self.rules.interval_s,
+            heartbeat_interval_s=interval_s,
             lease_ends={"completed": self.good[i], "expired": self.bad[i]},
             audits_passed=0,
             audits_failed=0,

@@ -70,6 +70,7 @@ class Network(_Strict):
     """The coordinator's rules (its defaults, ``coordinator/settings.py``)."""
 
     heartbeat_interval_s: Positive = 2.0
+    heartbeat_max_rate_per_s: Positive = 1000.0  # the fleet's beats per second at most: then it beats slower
     heartbeat_misses: Annotated[int, Field(ge=1)] = 3
     lease_ttl_s: Positive = 15.0
     reaper_interval_s: Positive = 1.0

@@ -6,7 +6,13 @@ Map of the files (data flows down this list):
 - ``task``         the entry point the agent's subprocess calls: dispatches on the task's role
 - ``worker``       a DiLoCo worker: inner AdamW steps, a compressed pseudo-gradient up, the update down
 - ``diloco``       ``DiLoCo``: the same, wrapped around a training loop of your own
-- ``aggregator``   waits for a quorum, averages by tokens, compresses the update, takes the outer step
+- ``aggregator``   waits for a quorum, verifies, averages (robustly), compresses the update, outer step
+- ``verifier``     judges a round's contributions: commitment checks, screening, audits of drawn ones
+- ``robust``       pure: norm and cosine screens, median-norm + centered clipping, the naive mean
+- ``audit``        re-executes one trace segment from a worker's uploaded state
+- ``commitment``   the trace a worker commits to while training (deterministic mode), its audit states
+- ``adversaries``  cheating workers (lazy, free-rider, poisoners, shirkers, adaptive): tests and demos
+- ``drill``        a job as a direct loop over these pieces, for the tests and ``bench/verification.py``
 - ``outer``        ``GlobalReplica``: global weights + outer optimizer, held identically by every replica
 - ``sync``         brings a replica to a round: update by update, or from a checkpoint
 - ``transport``    the interface to the network, and ``LocalTransport``, its in-memory implementation

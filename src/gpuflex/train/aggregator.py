@@ -8,6 +8,13 @@ One round, as the aggregator sees it::
     replica.apply(Δ̂)                                    # the outer step every replica takes
     publish_round(r + 1, update=blob, state_hash, checkpoint every checkpoint_every rounds)
 
+With ``verification.robust`` (the default) a ``Verifier`` judges the round's contributions first:
+screening, then an audit of each drawn one whose audit state comes in before the round's timeout (no
+state by then: a ``no-show``). Every guilty contribution and every finished audit is reported
+(``report_verdict``); the guilty are left out, and the rest are averaged by ``robust.robust_mean``
+instead of the token-weighted mean. Audits finish before the round is aggregated, so a guilty
+contribution is never applied: a late audit state is no answer, and the worker a no-show.
+
 Round 0 is the recipe's seeded model, published as a full checkpoint. A replacement aggregator
 loads the newest checkpoint (weights and outer momentum) and replays the updates after it, so it
 continues exactly where its predecessor stopped; only the downlink residual is lost with it.
@@ -27,9 +34,11 @@ from gpuflex.protocol.messages import Contribution, RoundPublish, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.compression import Compressor, ErrorFeedback, get_compressor
 from gpuflex.train.outer import GlobalReplica, weighted_mean
-from gpuflex.train.recipes import Batch, Recipe, build_model, evaluate, for_task
+from gpuflex.train.recipes import Batch, Recipe, TaskData, build_model, evaluate, for_task
+from gpuflex.train.robust import flatten, robust_mean, unflatten
 from gpuflex.train.sync import sync
 from gpuflex.train.transport import Transport, fetch_verified
+from gpuflex.train.verifier import Judged, Verifier
 
 Delta = dict[str, Tensor]
 
@@ -41,6 +50,9 @@ class AggregatorSummary:
     finished: bool = False
     val_losses: dict[int, float | None] = field(default_factory=dict)  # of the rounds it published
     contributions: int = 0  # pseudo-gradients it applied
+    convicted: int = 0  # contributions left out by a guilty verdict
+    audits: int = 0  # audits finished (no-shows included)
+    verification_s: float = 0.0  # compute spent screening and auditing
     bytes_published: int = 0  # update blobs sent to the workers (checkpoints not counted)
 
 
@@ -53,6 +65,7 @@ class _Aggregator:
     val: list[Batch]
     downlink: ErrorFeedback
     summary: AggregatorSummary
+    robust: bool = False  # clipped averaging (with a verifier) rather than the token-weighted mean
     tokens: int = 0
 
     def publish(self, round: int, used: list[Contribution], update: bytes | None) -> None:
@@ -86,9 +99,17 @@ class _Aggregator:
 
     def step(self, used: list[tuple[Contribution, Delta]]) -> bytes:
         """Average, compress for the downlink, and take the outer step with what the workers will see."""
-        blob, update = self.downlink.compress_with_echo(weighted_mean([(c.tokens, d) for c, d in used]))
+        blob, update = self.downlink.compress_with_echo(self.average(used))
         self.replica.apply(update)  # exactly what every worker will decode
         return blob
+
+    def average(self, used: list[tuple[Contribution, Delta]]) -> Delta:
+        if not used:  # every contribution was convicted: the model stays where it is
+            return {n: torch.zeros_like(p) for n, p in self.replica.parameters().items()}
+        if not self.robust:
+            return weighted_mean([(c.tokens, d) for c, d in used])
+        flats = [flatten(d) for _, d in used]
+        return unflatten(robust_mean(flats, [float(c.tokens) for c, _ in used]), used[0][1])
 
 
 def run_aggregator(
@@ -100,11 +121,23 @@ def run_aggregator(
 ) -> AggregatorSummary:
     """The aggregator task of a job: its recipe and data come with the task's config."""
     recipe, data = for_task(config, lambda digest: fetch_verified(transport, digest))
+    verifier = None
+    if config.training.verification.robust:
+        dataset = fetch_verified(transport, config.dataset) if config.dataset else None
+        shards: dict[int, TaskData] = {}
+
+        def data_for(worker: int) -> TaskData:
+            if worker not in shards:
+                shards[worker] = recipe.build_data(dataset, config.training, worker, config.num_workers)
+            return shards[worker]
+
+        verifier = Verifier(config.training, recipe, data_for, config.num_workers)
     return aggregate(
         config.training,
         transport,
         recipe,
         data.validation,
+        verifier=verifier,
         poll_interval_s=poll_interval_s,
         should_stop=should_stop,
     )
@@ -116,10 +149,13 @@ def aggregate(
     recipe: Recipe,
     validation: list[Batch],
     *,
+    verifier: Verifier | None = None,
     poll_interval_s: float = 0.2,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> AggregatorSummary:
-    """Publish rounds until round ``spec.rounds`` is out or ``should_stop``; resumes a job under way."""
+    """Publish rounds until round ``spec.rounds`` is out or ``should_stop``; resumes a job under way.
+
+    Without a ``verifier`` every usable contribution is averaged (a trusted group, ``DiLoCo`` users)."""
     compressor = get_compressor(spec.compression)
     agg = _Aggregator(
         spec,
@@ -129,6 +165,7 @@ def aggregate(
         validation,
         ErrorFeedback(compressor, decay=1.0),  # the downlink keeps all it owes: plain error feedback
         AggregatorSummary(start_round=0, round=0),
+        robust=verifier is not None,
     )
     if not _start(agg, compressor):
         return agg.summary
@@ -137,9 +174,42 @@ def aggregate(
         used = gather.wait(r, spec.round_timeout_s)
         if used is None:
             return agg.summary
+        if verifier is not None and (used := _verify(agg, gather, verifier, r, used)) is None:
+            return agg.summary
         agg.publish(r + 1, [c for c, _ in used], agg.step(used))
     agg.summary.finished = True
     return agg.summary
+
+
+def _verify(
+    agg: _Aggregator,
+    gather: _Gatherer,
+    verifier: Verifier,
+    round: int,
+    used: list[tuple[Contribution, Delta]],
+) -> list[tuple[Contribution, Delta]] | None:
+    """Screen and audit the round; report the verdicts; the contributions that stand (None: stopped)."""
+    params = {n: p.detach() for n, p in agg.replica.parameters().items()}
+    judged = verifier.screen(round, params, agg.replica.state_hash(), used)
+    drawn = [j for j in judged if not j.guilty and j.contribution.audit_segment is not None]
+    for j, blob in zip(
+        drawn, gather.audit_states(round, [j.contribution.task_id for j in drawn]), strict=True
+    ):
+        j.verdict = verifier.audit(round, j, blob)
+        agg.summary.audits += 1
+    for j in judged:
+        if j.verdict is not None:
+            agg.transport.report_verdict(j.verdict)
+            agg.transport.log(_describe(j))
+    agg.summary.convicted += sum(j.guilty for j in judged)
+    agg.summary.verification_s = verifier.compute_s
+    return [(j.contribution, j.delta) for j in judged if not j.guilty]
+
+
+def _describe(j: Judged) -> str:
+    v = j.verdict
+    assert v is not None, "only judged contributions are described"
+    return f"round {v.round}: task {v.task_id} {'guilty' if v.guilty else 'cleared'} ({v.check}): {v.reason}"
 
 
 def _start(agg: _Aggregator, compressor: Compressor) -> bool:
@@ -180,10 +250,11 @@ class _Gatherer:
         self.poll_interval_s = poll_interval_s
         self.should_stop = should_stop
         self.decoded: dict[str, Delta | None] = {}  # by blob digest; None: rejected
+        self.deadline = 0.0  # of the round being gathered
 
     def wait(self, round: int, timeout_s: float) -> list[tuple[Contribution, Delta]] | None:
         """The usable contributions of ``round`` once there is a quorum; None if told to stop first."""
-        deadline = time.monotonic() + timeout_s
+        deadline = self.deadline = time.monotonic() + timeout_s
         self.decoded = {}  # the previous round's blobs are no use any more
         while not self.should_stop():
             listing = self.transport.contributions(round)
@@ -195,6 +266,21 @@ class _Gatherer:
                 return usable
             time.sleep(self.poll_interval_s)
         return None
+
+    def audit_states(self, round: int, tasks: list[str]) -> list[bytes | None] | None:
+        """The audit state blobs of ``tasks``' contributions, each None if not in by the round's deadline;
+        None if told to stop first."""
+        states: dict[str, str | None] = dict.fromkeys(tasks)
+        while tasks:
+            if self.should_stop():
+                return None
+            for c in self.transport.contributions(round).contributions:
+                if c.task_id in states and c.audit_state is not None:
+                    states[c.task_id] = c.audit_state
+            if all(states.values()) or time.monotonic() >= self.deadline:
+                break
+            time.sleep(self.poll_interval_s)
+        return [fetch_verified(self.transport, d) if d else None for d in (states[t] for t in tasks)]
 
     def _decode(self, c: Contribution) -> Delta | None:
         if c.delta not in self.decoded:

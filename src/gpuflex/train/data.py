@@ -44,11 +44,15 @@ class ByteDataset:
         return part
 
 
+def round_seed(seed: int, worker_index: int, round: int, rank: int = 0) -> int:
+    """The seed of a worker's batches in a round: what its commitment names and an auditor regenerates."""
+    key = f"{seed}/{worker_index}/{round}" + (f"/{rank}" if rank else "")  # rank 0: as before ranks existed
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
+
+
 def round_generator(seed: int, worker_index: int, round: int, rank: int = 0) -> torch.Generator:
     """A generator whose stream depends only on (seed, worker_index, round, local rank)."""
-    key = f"{seed}/{worker_index}/{round}" + (f"/{rank}" if rank else "")  # rank 0: as before ranks existed
-    digest = hashlib.sha256(key.encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return torch.Generator().manual_seed(round_seed(seed, worker_index, round, rank))
 
 
 def sample_batch(tokens: Tensor, batch_size: int, block_size: int, generator: torch.Generator) -> Batch:

@@ -50,7 +50,7 @@ class RelayExchange:
             steps=outgoing.steps,
             train_loss=outgoing.train_loss,
         )
-        accepted = self.transport.submit_contribution(submission)
+        accepted = self.transport.submit_contribution(submission).accepted
         return accepted, self._follow(replica, replica.round, decode)
 
     def _follow(self, replica: GlobalReplica, newer_than: int, decode: Decoder) -> bool:

@@ -43,11 +43,14 @@ import torch
 
 from gpuflex.errors import GPUFlexError, ServiceError
 from gpuflex.protocol.messages import (
+    AuditStateSubmit,
     ContributionList,
+    ContributionReceipt,
     ContributionSubmit,
     RoundPublish,
     RoundState,
     TaskConfig,
+    VerdictSubmit,
 )
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.aggregator import AggregatorSummary, run_aggregator
@@ -140,7 +143,9 @@ def run_local(
     """
     options = list(options) if options is not None else [WorkerOptions()] * workers
     assert workers >= 1 and len(options) == workers, f"{workers} workers, {len(options)} options"
-    hub = LocalTransport(spec.rounds, live_workers=workers, task_id="local")
+    hub = LocalTransport(
+        spec.rounds, live_workers=workers, task_id="local", audit_rate=spec.verification.audit_rate
+    )
     dataset_digest = hub.put_blob(dataset) if dataset is not None else None
     code_digest = hub.put_blob(recipe_code) if recipe_code is not None else None
     configs = [_config(spec, "aggregator", 0, workers, dataset_digest, code_digest)]
@@ -300,8 +305,14 @@ class _HubClient:
     def round_state(self, round: int) -> RoundState:
         return self._call("round_state", round)
 
-    def submit_contribution(self, c: ContributionSubmit) -> bool:
+    def submit_contribution(self, c: ContributionSubmit) -> ContributionReceipt:
         return self._call("submit_contribution", c)
+
+    def submit_audit_state(self, a: AuditStateSubmit) -> None:
+        self._call("submit_audit_state", a)
+
+    def report_verdict(self, v: VerdictSubmit) -> None:
+        self._call("report_verdict", v)
 
     def contributions(self, round: int) -> ContributionList:
         return self._call("contributions", round)

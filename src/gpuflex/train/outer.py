@@ -14,7 +14,6 @@ join, to resync after a hash mismatch, or as the job's checkpoint::
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from collections.abc import Callable
 
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.checkpoint import load_tensors, save_tensors
+from gpuflex.train.commitment import params_hash
 from gpuflex.train.compression import Compressor
 
 MODEL_PREFIX = "model."
@@ -64,11 +64,7 @@ class GlobalReplica:
 
     def state_hash(self) -> str:
         """sha256 over the parameters' bytes in name order: equal iff the replicas agree exactly."""
-        digest = hashlib.sha256()
-        for name, p in sorted(self.parameters().items()):
-            digest.update(name.encode())
-            digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-        return digest.hexdigest()
+        return params_hash(self.parameters())
 
     def to_bytes(self, **metadata: object) -> bytes:
         """The full state as safetensors; ``metadata`` (round, tokens, losses ...) is stored as JSON."""

@@ -28,6 +28,13 @@ def lr_factor(spec: TrainingSpec, progress: float) -> float:
     return FLOOR + (1 - FLOOR) * 0.5 * (1 + math.cos(math.pi * decay))
 
 
+def lr_share(spec: TrainingSpec, round: int, steps: int) -> float:
+    """The share of a full round's learning-rate sum that its first ``steps`` steps take: a delta's norm
+    grows with it, not with the steps (in warm-up, half a round's steps move the model a quarter as far)."""
+    factors = [lr_factor(spec, (round + k / spec.inner_steps) / spec.rounds) for k in range(spec.inner_steps)]
+    return sum(factors[: max(steps, 0)]) / sum(factors)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, spec: TrainingSpec, progress: float) -> None:
     """Put every parameter group of ``optimizer`` at the schedule's lr for ``progress``."""
     factor = lr_factor(spec, progress)

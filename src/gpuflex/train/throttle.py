@@ -30,7 +30,15 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from gpuflex.protocol.messages import ContributionList, ContributionSubmit, RoundPublish, RoundState
+from gpuflex.protocol.messages import (
+    AuditStateSubmit,
+    ContributionList,
+    ContributionReceipt,
+    ContributionSubmit,
+    RoundPublish,
+    RoundState,
+    VerdictSubmit,
+)
 from gpuflex.train.transport import Transport
 
 T = TypeVar("T")
@@ -128,8 +136,14 @@ class ThrottledTransport:
     def round_state(self, round: int) -> RoundState:
         return self._cross(_json_size(round), lambda: self.inner.round_state(round), _json_size)
 
-    def submit_contribution(self, c: ContributionSubmit) -> bool:
+    def submit_contribution(self, c: ContributionSubmit) -> ContributionReceipt:
         return self._cross(_json_size(c), lambda: self.inner.submit_contribution(c), _json_size)
+
+    def submit_audit_state(self, a: AuditStateSubmit) -> None:
+        self._cross(_json_size(a), lambda: self.inner.submit_audit_state(a), _json_size)
+
+    def report_verdict(self, v: VerdictSubmit) -> None:
+        self._cross(_json_size(v), lambda: self.inner.report_verdict(v), _json_size)
 
     def contributions(self, round: int) -> ContributionList:
         return self._cross(_json_size(round), lambda: self.inner.contributions(round), _json_size)

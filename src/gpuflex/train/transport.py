@@ -1,19 +1,25 @@
 """The runtime's one window on the network: the ``Transport`` interface, and ``LocalTransport``.
 
-Workers and the aggregator only ever call these eight methods. The agent hands the task a
+Workers and the aggregator only ever call these ten methods. The agent hands the task a
 transport that speaks HTTP to the coordinator; ``LocalTransport`` keeps everything in memory
 with the coordinator's semantics, for tests and for training on one machine:
 
 - blobs are content-addressed: ``put_blob`` returns the sha256 of the bytes;
 - rounds are published in order, 0, 1, 2, ...; publishing round r+1 closes round r, so a
-  contribution for a closed round is refused (``submit_contribution`` returns False);
+  contribution for a closed round is refused (its receipt says ``accepted=False``);
 - round 0 and the last round carry a full checkpoint, every later round its aggregated update;
-- the job is finished once round ``rounds`` is published.
+- the job is finished once round ``rounds`` is published;
+- a contribution with a commitment is drawn for audit with probability ``audit_rate``, the segment
+  uniform over its trace (the receipt's ``audit_segment``); only a drawn contribution may get an
+  audit state (``submit_audit_state``), for that segment;
+- a guilty verdict (``report_verdict``) discards the contribution and excludes its task from the job:
+  its later submissions raise ``Conflict``, as the coordinator's 409 for an ended lease.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -22,11 +28,15 @@ from typing import TYPE_CHECKING, Protocol
 
 from gpuflex.errors import BadRequest, Conflict, NotFound, ServiceError
 from gpuflex.protocol.messages import (
+    AuditStateSubmit,
     Contribution,
     ContributionList,
+    ContributionReceipt,
     ContributionSubmit,
     RoundPublish,
     RoundState,
+    Verdict,
+    VerdictSubmit,
 )
 from gpuflex.train.checkpoint import sha256
 
@@ -55,8 +65,17 @@ class Transport(Protocol):
         """A published round (its update and state hash), for catching up."""
         ...
 
-    def submit_contribution(self, c: ContributionSubmit) -> bool:
-        """True if accepted; False if round ``c.round`` is already closed (the worker is stale)."""
+    def submit_contribution(self, c: ContributionSubmit) -> ContributionReceipt:
+        """Accepted unless round ``c.round`` is already closed (the worker is stale); it may be drawn
+        for audit. Raises ``Conflict`` once the task no longer holds its lease (excluded)."""
+        ...
+
+    def submit_audit_state(self, a: AuditStateSubmit) -> None:
+        """A drawn contribution's answer: its ``commitment.AuditState`` blob for segment ``a.segment``."""
+        ...
+
+    def report_verdict(self, v: VerdictSubmit) -> None:
+        """The aggregator's finding on one contribution (every guilty one, every finished audit)."""
         ...
 
     def contributions(self, round: int) -> ContributionList: ...
@@ -118,11 +137,15 @@ class _Hub:
     rounds: int
     live_workers: int
     echo: Callable[[str], None] | None
+    audit_rate: float
+    draw: random.Random  # the audit draw: seeded, so a test run is reproducible
     lock: threading.Lock = field(default_factory=threading.Lock)
     blobs: dict[str, bytes] = field(default_factory=dict)
     published: list[RoundPublish] = field(default_factory=list)
     contributions: dict[int, dict[str, Contribution]] = field(default_factory=dict)
     logs: list[tuple[str, str]] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    excluded: set[str] = field(default_factory=set)  # tasks a guilty verdict ended
 
 
 class LocalTransport:
@@ -139,9 +162,11 @@ class LocalTransport:
         *,
         task_id: str = "task-0",
         echo: Callable[[str], None] | None = None,
+        audit_rate: float = 0.0,
+        audit_seed: int = 0,
     ):
         self.task_id = task_id
-        self._hub = _Hub(rounds=rounds, live_workers=live_workers, echo=echo)
+        self._hub = _Hub(rounds, live_workers, echo, audit_rate, random.Random(audit_seed))
 
     def for_task(self, task_id: str) -> LocalTransport:
         """A view of the same job through which task ``task_id`` acts."""
@@ -171,20 +196,50 @@ class LocalTransport:
                 raise NotFound(f"round {round} is not published")
             return self._state(self._hub.published[round])
 
-    def submit_contribution(self, c: ContributionSubmit) -> bool:
+    def submit_contribution(self, c: ContributionSubmit) -> ContributionReceipt:
         with self._hub.lock:
+            if self.task_id in self._hub.excluded:
+                raise Conflict(f"task {self.task_id} was excluded from the job by a guilty verdict")
             latest = self._latest()
             if latest is None or c.round > latest.round:
                 raise Conflict(f"round {c.round} has not started")
             if c.round < latest.round or latest.finished:
-                return False
+                return ContributionReceipt(accepted=False)
             if c.delta not in self._hub.blobs:
                 raise BadRequest(f"contribution names blob {c.delta}, which was never uploaded")
+            segment = None
+            if c.commitment is not None and self._hub.draw.random() < self._hub.audit_rate:
+                segment = self._hub.draw.randrange(len(c.commitment.trace))
             entry = Contribution(
-                task_id=self.task_id, node_id=f"node-{self.task_id}", **c.model_dump(exclude={"round"})
+                task_id=self.task_id,
+                node_id=self._node(self.task_id),
+                audit_segment=segment,
+                **c.model_dump(exclude={"round"}),
             )
             self._hub.contributions.setdefault(c.round, {})[self.task_id] = entry  # a resubmission replaces
-            return True
+            return ContributionReceipt(accepted=True, audit_segment=segment)
+
+    def submit_audit_state(self, a: AuditStateSubmit) -> None:
+        with self._hub.lock:
+            entry = self._hub.contributions.get(a.round, {}).get(self.task_id)
+            if entry is None or entry.audit_segment != a.segment:
+                raise Conflict(
+                    f"round {a.round}: no contribution of {self.task_id} drawn at segment {a.segment}"
+                )
+            if a.state not in self._hub.blobs:
+                raise BadRequest(f"audit state names blob {a.state}, which was never uploaded")
+            self._hub.contributions[a.round][self.task_id] = entry.model_copy(update={"audit_state": a.state})
+
+    def report_verdict(self, v: VerdictSubmit) -> None:
+        with self._hub.lock:
+            self._hub.verdicts.insert(
+                0, Verdict(node_id=self._node(v.task_id), at=time.time(), **v.model_dump())
+            )
+            if v.guilty:
+                self._hub.contributions.get(v.round, {}).pop(v.task_id, None)
+                if v.task_id not in self._hub.excluded:
+                    self._hub.excluded.add(v.task_id)
+                    self._hub.live_workers = max(0, self._hub.live_workers - 1)  # nobody re-leases it here
 
     def contributions(self, round: int) -> ContributionList:
         with self._hub.lock:
@@ -226,6 +281,15 @@ class LocalTransport:
         """(task_id, message) of every log line, in order."""
         with self._hub.lock:
             return list(self._hub.logs)
+
+    def verdicts(self) -> list[Verdict]:
+        """Every verdict reported, newest first (as ``JobDetail.verdicts``)."""
+        with self._hub.lock:
+            return list(self._hub.verdicts)
+
+    @staticmethod
+    def _node(task_id: str) -> str:
+        return f"node-{task_id}"
 
     def _latest(self) -> RoundState | None:
         return self._state(self._hub.published[-1]) if self._hub.published else None

@@ -12,6 +12,13 @@ One round, as the worker sees it (``label`` is the round it contributes to)::
 The worker holds a replica of the global model and outer optimizer (``GlobalReplica``), so per
 round it receives only the aggregated compressed update; the whole state is fetched only to join
 or to resync. The AdamW state lives across rounds, as in DiLoCo.
+
+Each contribution carries a ``Commitment`` (``commitment.py``): inner steps run in deterministic mode
+and are traced, and the commitment names the error-feedback residual the delta is compressed with
+(``Replica.seal``). When the receipt says the contribution was drawn for audit, the worker uploads the
+drawn segment's states, the final state and that residual, and names them with
+``submit_audit_state``. A task whose config names an ``adversary`` plays that cheater instead
+(``adversaries.py``: tests and demos only).
 """
 
 from __future__ import annotations
@@ -19,20 +26,36 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from gpuflex.protocol.messages import ContributionSubmit, RoundState, TaskConfig
+from gpuflex.errors import Conflict
+from gpuflex.protocol.messages import AuditStateSubmit, Commitment, ContributionSubmit, RoundState, TaskConfig
+from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.train.commitment import (
+    AuditState,
+    Segment,
+    Tracer,
+    deterministic,
+    device_class,
+    residual_hash,
+    trace_every,
+)
 from gpuflex.train.compression import ErrorFeedback, get_compressor
-from gpuflex.train.data import round_generator
+from gpuflex.train.data import round_seed
 from gpuflex.train.device_group import DeviceGroup
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task
 from gpuflex.train.schedule import set_lr
 from gpuflex.train.sync import sync
 from gpuflex.train.transport import Transport, fetch_verified, wait_for_round
+
+if TYPE_CHECKING:
+    from gpuflex.train.adversaries import Adversary
 
 GRAD_CLIP = 1.0  # max gradient norm of an inner step, as in nanoGPT: keeps early steps from blowing up
 
@@ -58,9 +81,34 @@ class WorkerSummary:
 @dataclass(frozen=True)
 class RoundResult:
     delta: Params  # θ_start - y
-    steps: int
+    steps: int  # claimed: an adversary may claim more than it did
     train_loss: float
     compute_s: float
+    commitment: Commitment | None = None  # None for a multi-device replica (no single-process re-run)
+    segments: tuple[Segment, ...] = ()  # each trace segment's states, to answer an audit
+    residual: Params = field(default_factory=dict)  # the error feedback it was compressed with (``seal``)
+
+    def audit_state(self, segment: int) -> bytes | None:
+        """The blob answering an audit of ``segment`` (None: no such segment)."""
+        if not 0 <= segment < len(self.segments):
+            return None
+        return AuditState.answer(self.segments, segment, self.residual).to_bytes()
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What an adversary playing this worker sees of a round (``adversaries.py``)."""
+
+    replica: Replica
+    start: Params
+    label: int
+    should_stop: Callable[[], bool]
+    late_s: float = 0.0
+    peers: tuple[Params, ...] = ()  # honest deltas of this round, for colluders (the benchmark gives them)
+
+    def train(self, **shirk: object) -> RoundResult | None:
+        """Train this round as assigned, or shirking (``Replica.train_round``'s overrides)."""
+        return self.replica.train_round(self.start, self.label, self.should_stop, late_s=self.late_s, **shirk)
 
 
 class Replica:
@@ -84,9 +132,7 @@ class Replica:
         self.device = group.device if group else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = build_model(self.spec, recipe).to(self.device)
         self.trained = group.wrap(self.model) if group else self.model  # what forward/backward go through
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.spec.lr, weight_decay=self.spec.weight_decay
-        )
+        self.optimizer = inner_optimizer(self.model, self.spec)
         compressor = get_compressor(self.spec.compression)
         self.feedback = ErrorFeedback(compressor, decay=self.spec.compression.error_decay)
         self.global_ = GlobalReplica(build_model(self.spec, recipe), self.spec)
@@ -99,13 +145,33 @@ class Replica:
     def global_params(self) -> Params:
         return {n: p.detach().clone() for n, p in self.global_.parameters().items()}
 
+    def seal(self, result: RoundResult) -> tuple[bytes, RoundResult]:
+        """Compress ``result.delta`` with error feedback; the commitment names the residual used, which
+        the result keeps to answer an audit (it binds the blob to the trace)."""
+        residual = self.feedback.residual  # replaced, never changed in place, by ``compress``
+        blob = self.feedback.compress(result.delta)
+        if result.commitment is None:
+            return blob, result
+        commitment = result.commitment.model_copy(update={"residual": residual_hash(residual)})
+        return blob, replace(result, commitment=commitment, residual=residual)
+
     def train_round(
-        self, start: Params, label: int, should_stop: Callable[[], bool], *, late_s: float = 0.0
+        self,
+        start: Params,
+        label: int,
+        should_stop: Callable[[], bool],
+        *,
+        late_s: float = 0.0,
+        steps: int | None = None,
+        seed: int | None = None,
+        precision: torch.dtype | None = None,
     ) -> RoundResult | None:
         """Inner steps from ``start``: ``inner_steps`` of them, or as many as fit in ``round_seconds``.
 
         ``late_s``: how long ago the round began (it was published). A time-budgeted worker that joins
         or catches up late trains only for the rest of the round, so it does not hold the round up.
+        ``steps``, ``seed`` (of the batches) and ``precision`` (autocast dtype) override what the job
+        assigns: only ``adversaries`` use them, to shirk.
         """
         began = time.monotonic() - late_s
         rank = self.group.rank if self.group else 0
@@ -114,20 +180,29 @@ class Replica:
         with torch.no_grad():
             for name, p in self.model.named_parameters():
                 p.copy_(start[name])
-        generator = round_generator(self.spec.seed, self.worker_index, label, rank)
+        seed = round_seed(self.spec.seed, self.worker_index, label, rank) if seed is None else seed
+        generator = torch.Generator().manual_seed(seed)
+        tracer = Tracer(start, seed, trace_every(self.spec), device_class(self.device))
+        budget = self.spec.inner_steps if steps is None else steps
         self.model.train()
         losses: list[float] = []
-        while len(losses) < self.spec.inner_steps and not self._out_of_time(began, len(losses)):
-            if should_stop():
-                return None
-            step_began = time.monotonic()
-            set_lr(self.optimizer, self.spec, (label + self._done(began, len(losses))) / self.spec.rounds)
-            losses.append(self._step(generator))
-            if self.after_step is not None:
-                self.after_step(time.monotonic() - step_began)
+        lower = torch.autocast(self.device.type, precision) if precision is not None else nullcontext()
+        with deterministic(), lower:
+            while len(losses) < budget and not self._out_of_time(began, len(losses)):
+                if should_stop():
+                    return None
+                step_began = time.monotonic()
+                set_lr(self.optimizer, self.spec, (label + self._done(began, len(losses))) / self.spec.rounds)
+                batch = tuple(t.to(self.device) for t in self.data.sample(generator))
+                tracer.before_step(self.model, self.optimizer, batch)
+                losses.append(step(self.recipe, self.trained, self.model, self.optimizer, batch))
+                tracer.after_step(self.model, self.optimizer)
+                if self.after_step is not None:
+                    self.after_step(time.monotonic() - step_began)
         delta = {n: start[n] - p.detach().cpu() for n, p in self.model.named_parameters()}
         compute_s = time.monotonic() - began - late_s
-        return RoundResult(delta, len(losses), sum(losses) / len(losses), compute_s)
+        commitment, segments = tracer.commit(self.model, self.optimizer) if self.group is None else (None, ())
+        return RoundResult(delta, len(losses), sum(losses) / len(losses), compute_s, commitment, segments)
 
     def _done(self, began: float, steps: int) -> float:
         """The share of this round's work done: its steps, or its time budget."""
@@ -139,14 +214,22 @@ class Replica:
         budget = self.spec.round_seconds
         return budget is not None and steps > 0 and time.monotonic() - began >= budget
 
-    def _step(self, generator: torch.Generator) -> float:
-        batch = tuple(t.to(self.device) for t in self.data.sample(generator))
-        loss = self.recipe.loss(self.trained, batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
-        self.optimizer.step()
-        return loss.item()
+
+def inner_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.Optimizer:
+    """The inner AdamW of a worker (and of an auditor's re-run)."""
+    return torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+
+
+def step(
+    recipe: Recipe, trained: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
+) -> float:
+    """One inner AdamW step on ``batch`` (the worker's, and an auditor's re-run of it); returns the loss."""
+    loss = recipe.loss(trained, batch)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    optimizer.step()
+    return loss.item()
 
 
 def run_worker(
@@ -171,7 +254,12 @@ def run_worker(
     recipe, data = for_task(config, fetch)
     group = DeviceGroup.start(config, blobs, _follow) if config.training.local_devices > 1 else None
     replica = Replica(config, recipe, data, group, after_step=after_step)
-    loop = _Loop(replica, transport, WorkerSummary(), poll_interval_s, should_stop)
+    adversary = None
+    if config.adversary:
+        from gpuflex.train import adversaries  # they import this module: a cheater trains with a Replica
+
+        adversary = adversaries.get(config.adversary)
+    loop = _Loop(replica, transport, WorkerSummary(), poll_interval_s, should_stop, adversary)
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange") as exchange:
             loop.exchange = exchange
@@ -199,12 +287,17 @@ class _Loop:
     summary: WorkerSummary
     poll_interval_s: float
     should_stop: Callable[[], bool]
+    adversary: Adversary | None = None
     exchange: ThreadPoolExecutor | None = None
     pending: Future | None = None
     began: float | None = None  # when this worker had joined and began its first round
+    excluded: bool = False  # the transport refused us: the lease ended
+
+    def stopping(self) -> bool:
+        return self.excluded or self.should_stop()
 
     def wait(self, newer_than: int) -> RoundState | None:
-        return wait_for_round(self.transport, newer_than, self.poll_interval_s, self.should_stop)
+        return wait_for_round(self.transport, newer_than, self.poll_interval_s, self.stopping)
 
     def catch_up(self, state: RoundState) -> None:
         self.summary.bytes_received += sync(self.replica.global_, self.transport, state, self.replica.decode)
@@ -218,7 +311,7 @@ class _Loop:
         self.began = time.monotonic()
         start, label, late_s = self.replica.global_params(), state.round, state.age_s
         self.transport.log(f"joined at round {label}, {late_s:.1f}s after it was published")
-        while (result := self.replica.train_round(start, label, self.should_stop, late_s=late_s)) is not None:
+        while (result := self.train(start, label, late_s)) is not None:
             late_s = 0.0
             self.summary.compute_s += result.compute_s
             state = self.wait(label - 1)  # round ``label`` must be published to contribute to it
@@ -244,21 +337,37 @@ class _Loop:
         self.settle()
         self.summary.finished = bool(state and state.finished)
 
+    def train(self, start: Params, label: int, late_s: float) -> RoundResult | None:
+        """This round's result: honest training, or what the adversary this task plays makes of it."""
+        if self.adversary is None:
+            return self.replica.train_round(start, label, self.stopping, late_s=late_s)
+        return self.adversary.play(Situation(self.replica, start, label, self.stopping, late_s))
+
     def submit(self, label: int, result: RoundResult) -> None:
         """Compress and hand the contribution to the exchange thread (after the previous one is done)."""
         self.settle()
-        blob = self.replica.feedback.compress(result.delta)
+        blob, result = self.replica.seal(result)
         tokens = result.steps * self.replica.tokens_per_step
         submission = ContributionSubmit(
-            round=label, delta="0" * 64, tokens=tokens, steps=result.steps, train_loss=result.train_loss
+            round=label,
+            delta="0" * 64,
+            tokens=tokens,
+            steps=result.steps,
+            train_loss=result.train_loss,
+            commitment=result.commitment,
         )
         self.pending = self.exchange.submit(self._send, blob, submission, result)
 
     def _send(self, blob: bytes, submission: ContributionSubmit, result: RoundResult) -> None:
         submission = submission.model_copy(update={"delta": self.transport.put_blob(blob)})
-        accepted = self.transport.submit_contribution(submission)
+        try:
+            receipt = self.transport.submit_contribution(submission)
+        except Conflict as err:  # our lease ended (excluded by a verdict, or re-leased): stop here
+            self.transport.log(f"round {submission.round}: contribution refused, stopping: {err.message}")
+            self.excluded = True
+            return
         self.summary.bytes_sent += len(blob)
-        if accepted:
+        if receipt.accepted:
             self.summary.contributed.append(submission.round)
             self.summary.tokens += submission.tokens
         else:
@@ -267,8 +376,21 @@ class _Loop:
         self.transport.log(
             f"round {submission.round}: {result.steps} steps, train loss {result.train_loss:.4f}, "
             f"sent {len(blob) / 1e3:.1f} kB ({self.replica.spec.compression.label}), "
-            f"compute {result.compute_s:.1f}s, " + ("accepted" if accepted else "stale: the round had closed")
+            f"compute {result.compute_s:.1f}s, "
+            + ("accepted" if receipt.accepted else "stale: the round had closed")
         )
+        if receipt.audit_segment is not None:
+            self.answer_audit(submission.round, receipt.audit_segment, result)
+
+    def answer_audit(self, round: int, segment: int, result: RoundResult) -> None:
+        """Upload the drawn segment's states, the final state and the residual (a cheater's: what it kept)."""
+        blob = result.audit_state(segment)
+        if blob is None:
+            self.transport.log(f"round {round}: drawn for audit at segment {segment}, which we cannot answer")
+            return
+        state = self.transport.put_blob(blob)
+        self.transport.submit_audit_state(AuditStateSubmit(round=round, segment=segment, state=state))
+        self.transport.log(f"round {round}: drawn for audit, uploaded the state at segment {segment}")
 
     def settle(self) -> None:
         """Wait for the exchange in flight, re-raising its error."""

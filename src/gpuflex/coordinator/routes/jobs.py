@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import governance, jobs
+from gpuflex.coordinator.services import governance, jobs, verification
 from gpuflex.errors import Conflict
 from gpuflex.protocol import messages as m
 
@@ -45,6 +45,13 @@ def cancel(job_id: str, account: Consumer, ctx: Ctx) -> m.JobInfo:
         info = jobs.info(s, job, ctx.now())
     log.info("job cancelled", extra={"job_id": job_id})
     return info
+
+
+@router.get("/{job_id}/verdicts")
+def verdicts(job_id: str, account: Consumer, ctx: Ctx) -> list[m.Verdict]:
+    """What verification found on the job's contributions, newest first."""
+    with ctx.tx() as s:
+        return verification.for_job(s, jobs.owned(s, account, job_id))
 
 
 @router.get("/{job_id}/logs")

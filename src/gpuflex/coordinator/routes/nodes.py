@@ -65,7 +65,9 @@ async def heartbeat(
 @router.post("/lease", responses={204: {"description": "no task for this node now"}})
 def lease(node: SignedNode, ctx: Ctx, metrics: Metrics) -> m.LeaseGrant | None:
     with ctx.tx() as s:
-        grant = leases.grant(s, s.get(Node, node.id), ctx.settings, ctx.now())
+        grant = leases.grant(
+            s, s.get(Node, node.id), ctx.settings, ctx.liveness(s), ctx.now(), may_place=ctx.placement_due
+        )
     if grant is None:
         return Response(status_code=204)
     metrics.leases_granted.inc()

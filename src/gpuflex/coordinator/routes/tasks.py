@@ -9,7 +9,7 @@ from gpuflex.coordinator.auth import Ctx, TaskLease
 from gpuflex.coordinator.db import JobEvent
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import governance, rounds
+from gpuflex.coordinator.services import governance, rounds, verification
 from gpuflex.protocol import messages as m
 
 # A task token stops working when its lease ends (409); ids it names may not exist (404).
@@ -34,10 +34,31 @@ def round_state(
 
 
 @router.post("/contributions")
-def contribute(body: m.ContributionSubmit, lease: TaskLease, ctx: Ctx) -> dict[str, bool]:
-    """``accepted`` is false when the round has closed: the worker should catch up."""
+def contribute(body: m.ContributionSubmit, lease: TaskLease, ctx: Ctx) -> m.ContributionReceipt:
+    """``accepted`` is false when the round has closed: the worker should catch up. ``audit_segment``
+    set: the contribution was drawn for audit, post that segment's starting state (``/audit-states``)."""
     with ctx.tx() as s:
-        return {"accepted": rounds.contribute(s, lease, body, ctx.blobs, ctx.now())}
+        return rounds.contribute(s, lease, body, ctx.blobs, ctx.now())
+
+
+@router.post("/audit-states")
+def audit_state(body: m.AuditStateSubmit, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
+    """A worker's state at the start of the segment drawn from its own contribution."""
+    with ctx.tx() as s:
+        verification.submit_audit_state(s, lease, body, ctx.blobs)
+    return {"status": "stored"}
+
+
+@router.post("/verdicts")
+def verdict(body: m.VerdictSubmit, lease: TaskLease, ctx: Ctx, metrics: Metrics) -> m.Verdict:
+    """The aggregator's verdict on a contribution of its job; a guilty one slashes and bars the node."""
+    with ctx.tx() as s:
+        recorded = verification.record(s, lease, body, ctx.now())
+    metrics.verdicts.labels(check=recorded.check, guilty=str(recorded.guilty).lower()).inc()
+    ids = {"job_id": lease.job_id, "node_id": recorded.node_id, "round": recorded.round}
+    outcome = "guilty" if recorded.guilty else "clean"
+    logger.info("verdict %s (%s): %s", outcome, recorded.check, recorded.reason, extra=ids)
+    return recorded
 
 
 @router.get("/contributions")

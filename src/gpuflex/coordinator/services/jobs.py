@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import leases, ledger
+from gpuflex.coordinator.services import leases, ledger, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.errors import BadRequest, Conflict, NotFound
 from gpuflex.ledger import accounts
@@ -194,6 +194,7 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
         ],
         costs=_costs(session, job, now),
         clearing_price=None if job.clearing_price_micro is None else to_credits(job.clearing_price_micro),
+        verdicts=verification.for_job(session, job),
     )
 
 

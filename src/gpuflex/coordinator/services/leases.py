@@ -8,7 +8,7 @@ request carrying an older epoch changes nothing and is refused.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
@@ -19,7 +19,7 @@ from gpuflex.coordinator.services import market
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Conflict, Forbidden, NotFound, Unauthorized
 from gpuflex.ledger.metering import lease_cost_micro
-from gpuflex.market.liveness import lease_expires_at
+from gpuflex.market.liveness import Liveness, lease_expires_at
 from gpuflex.market.pricing import lease_price
 from gpuflex.protocol.messages import LeaseGrant, LeaseHeld, LeaseReport, TaskConfig
 from gpuflex.protocol.spec import JobSpec
@@ -40,13 +40,24 @@ def _event(session: Session, job_id: str, now: float, message: str) -> None:
     session.add(JobEvent(job_id=job_id, at=now, message=message))
 
 
-def grant(session: Session, node: Node, settings: CoordinatorSettings, now: float) -> LeaseGrant | None:
-    """Lease the next task placed on this node, if any."""
+def grant(
+    session: Session,
+    node: Node,
+    settings: CoordinatorSettings,
+    rules: Liveness,
+    now: float,
+    *,
+    may_place: Callable[[], bool] = lambda: True,
+) -> LeaseGrant | None:
+    """Lease the next task placed on this node, if any; it lives ``rules.lease_ttl_s`` unrenewed.
+
+    With nothing placed on it, a placement pass runs first if ``may_place()`` (a replica throttles them).
+    """
     if session.scalars(select(Lease.id).where(Lease.node_id == node.id, Lease.state == "active")).first():
         return None
     on_offer = node.state == "online" and (node.available_until is None or node.available_until > now)
     task = _placed_on(session, node) if on_offer else None
-    if task is None:  # nothing waits for it: place what is pending (this unplaces work from gone nodes)
+    if task is None and may_place():  # place what is pending (this unplaces work from gone nodes)
         market.place_pending(session, settings, now)
         task = _placed_on(session, node)
     if task is None:
@@ -71,7 +82,7 @@ def grant(session: Session, node: Node, settings: CoordinatorSettings, now: floa
         state="active",
         granted_at=now,
         renewed_at=now,
-        expires_at=lease_expires_at(now, settings.lease_ttl_s),
+        expires_at=lease_expires_at(now, rules.lease_ttl_s(settings.lease_ttl_s)),
         price_micro=_price_micro(job, task, node),
     )
     session.add(lease)
@@ -120,10 +131,19 @@ def _placed_on(session: Session, node: Node) -> Task | None:
     return session.scalars(query.with_for_update(skip_locked=True)).first()
 
 
+def work_waiting(session: Session, node_ids: Sequence[str]) -> set[str]:
+    """The nodes among ``node_ids`` with a task placed on them and not yet leased: their heartbeat tells
+    them to ask for it, so idle agents need not poll for work (a thousand idle agents polling each
+    second made lease requests, and the placement pass each ran, the coordinator's bottleneck)."""
+    query = select(Task.node_id).where(Task.state == "pending", Task.node_id.in_(set(node_ids)))
+    return set(session.scalars(query.distinct()))
+
+
 def renew(
     session: Session,
     held: Sequence[tuple[str, Sequence[LeaseHeld]]],
     settings: CoordinatorSettings,
+    rules: Liveness,
     now: float,
 ) -> list[list[str]]:
     """Extend the live leases each node holds (a batch of heartbeats, as (node id, leases held));
@@ -143,7 +163,7 @@ def renew(
                 renewed.add(h.lease_id)
         revoked.append(stop)
     if renewed:
-        expires = lease_expires_at(now, settings.lease_ttl_s)
+        expires = lease_expires_at(now, rules.lease_ttl_s(settings.lease_ttl_s))
         rows = [{"lease": lease, "now": now, "expires": expires} for lease in sorted(renewed)]
         session.connection().execute(_RENEW, rows)
     return revoked
@@ -190,6 +210,16 @@ def expire_for_node(session: Session, node_id: str, now: float, why: str) -> lis
         _end(lease, "expired", lease.renewed_at)
         _return_task(session, lease, now, why)
     return ended
+
+
+def end_by_verdict(session: Session, task_id: str, node_id: str, now: float) -> Lease | None:
+    """End a convicted node's live lease on the task, if it holds one; the task goes back to the market
+    (which never places it on that node again: ``market.barred_nodes``)."""
+    ended = _live(session, Lease.task_id == task_id, Lease.node_id == node_id)
+    for lease in ended:
+        _end(lease, "excluded", now)
+        _return_task(session, lease, now, "was found cheating")
+    return ended[0] if ended else None
 
 
 def end_for_job(session: Session, job: Job, now: float, task_state: str) -> None:

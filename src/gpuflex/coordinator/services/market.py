@@ -20,7 +20,7 @@ from dataclasses import asdict
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, try_lock
+from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, Verdict, try_lock
 from gpuflex.coordinator.services import governance, ledger, liveness, registry
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.ledger import accounts
@@ -114,6 +114,15 @@ def busy_nodes(session: Session) -> set[str]:
     return {n for n in (*leased, *placed) if n}
 
 
+def barred_nodes(session: Session, job_ids: Sequence[str]) -> dict[str, set[str]]:
+    """The nodes a guilty verdict bars from each of these jobs: job id -> node ids."""
+    query = select(Verdict.job_id, Verdict.node_id).where(Verdict.guilty, Verdict.job_id.in_(job_ids))
+    barred: dict[str, set[str]] = defaultdict(set)
+    for job_id, node_id in session.execute(query.distinct()):
+        barred[job_id].add(node_id)
+    return barred
+
+
 def quote(session: Session, spec: JobSpec, now: float, heartbeat_interval_s: float) -> m.Quote:
     """What ``spec`` would cost and take on the free online nodes, placed as the market would now."""
     busy = busy_nodes(session)
@@ -168,11 +177,17 @@ def place_pending(session: Session, settings: CoordinatorSettings, now: float) -
         offers = staked(offers, ledger.balances_under(session, accounts.STAKES), min_stake)
     index = OfferIndex(offers)  # ranked once for the pass, not once per job
     busy = busy_nodes(session)
+    job_ids = list(dict.fromkeys(t.job_id for t in unplaced))
+    # one query each for all the jobs: a pass over a hundred waiting jobs runs every reaper pass
+    jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(job_ids)))}
+    on_core = _workers_on_core(session, job_ids)
+    barred = barred_nodes(session, job_ids)
     placed = 0
-    for job_id in dict.fromkeys(t.job_id for t in unplaced):
-        job = session.get(Job, job_id)
-        tasks = [t for t in unplaced if t.job_id == job_id]
-        placed += _place_job_tasks(session, job, JobSpec.model_validate(job.spec), tasks, index, busy, now)
+    for job_id in job_ids:
+        job, tasks = jobs[job_id], [t for t in unplaced if t.job_id == job_id]
+        spec = JobSpec.model_validate(job.spec)
+        core_already, barred_here = on_core.get(job_id, 0), barred.get(job_id, set())
+        placed += _place_job_tasks(session, job, spec, tasks, index, busy, barred_here, core_already, now)
     return placed
 
 
@@ -183,9 +198,14 @@ def _place_job_tasks(
     tasks: list[Task],
     index: OfferIndex,
     busy: set[str],
+    barred: set[str],
+    core_already: int,
     now: float,
 ) -> int:
-    """Decide with ``market.placement.place_job`` (shared with the simulator) and write it down."""
+    """Decide with ``market.placement.place_job`` (shared with the simulator) and write it down.
+
+    ``barred``: the nodes a verdict barred from this job, as good as busy for it; ``core_already``:
+    the job's workers on core nodes, which count toward its core quota."""
     workers = [t for t in tasks if t.role == "worker"]
     aggregators = [t for t in tasks if t.role == "aggregator"]
     clearing = None if job.clearing_price_micro is None else to_credits(job.clearing_price_micro)
@@ -196,8 +216,8 @@ def _place_job_tasks(
         index=index,
         aggregator=bool(aggregators),
         workers=len(workers),
-        busy=busy,
-        core_already=_workers_on_core(session, job.id) if workers else 0,
+        busy=busy | barred,
+        core_already=core_already,
         clearing_price=clearing,
     )
     if decision.clearing_price is not None:
@@ -222,18 +242,20 @@ def _place_job_tasks(
     return len(choices)
 
 
-def _workers_on_core(session: Session, job_id: str) -> int:
-    """The job's workers placed on or leased by core nodes: they count toward its core quota."""
-    return session.scalar(
-        select(func.count(Task.id))
+def _workers_on_core(session: Session, job_ids: list[str]) -> dict[str, int]:
+    """Per job, its workers placed on or leased by core nodes (absent: none)."""
+    query = (
+        select(Task.job_id, func.count(Task.id))
         .join(Node, Node.id == Task.node_id)
         .where(
-            Task.job_id == job_id,
+            Task.job_id.in_(job_ids),
             Task.role == "worker",
             Task.state.in_(("pending", "leased")),
             Node.kind == "core",
         )
+        .group_by(Task.job_id)
     )
+    return dict(session.execute(query).all())
 
 
 def _note_waiting(session: Session, job_id: str, waiting: list[Task], reason: str | None, now: float) -> None:

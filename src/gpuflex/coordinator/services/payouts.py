@@ -4,7 +4,9 @@ Settlement (``jobs.finish``) moves each node's metered pay, less the platform fe
 ``held:<job>/<node>``. While the audit window runs, verification can withhold one node's pay
 (``withhold``: it goes back to the consumer who paid it). Once the window has passed, the reaper
 releases what is still held to ``provider:<node>``, where the provider may withdraw it, in one
-journal entry per job. Honest providers wait one window; a cheater's pay never leaves the hold.
+journal entry per job. Honest providers wait one window; a cheater's pay never leaves the hold: a
+node a guilty verdict barred from the job (even one passed before the job ended, when nothing was
+held yet) has its pay withheld at release.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import AccountBalance, Job, JobEvent
-from gpuflex.coordinator.services import ledger
+from gpuflex.coordinator.services import ledger, market
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.ledger import accounts
 from gpuflex.protocol.money import to_credits
@@ -53,6 +55,8 @@ def release_due(session: Session, now: float, *, audit_window_s: float) -> list[
     )
     released = []
     for job in due:
+        for node_id in sorted(market.barred_nodes(session, [job.id]).get(job.id, ())):
+            withhold(session, job, node_id, "barred from the job by a guilty verdict", now)
         pay = held(session, job.id)
         if pay:
             postings = []

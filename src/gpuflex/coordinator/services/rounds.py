@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Node, Round, Task
-from gpuflex.coordinator.services import jobs
+from gpuflex.coordinator.services import jobs, verification
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
@@ -61,28 +61,37 @@ def get(session: Session, lease: Lease, round_: int, now: float) -> m.RoundState
 
 def contribute(
     session: Session, lease: Lease, msg: m.ContributionSubmit, blobs: BlobStore, now: float
-) -> bool:
-    """Record a worker's pseudo-gradient for the open round; False if that round has closed.
+) -> m.ContributionReceipt:
+    """Record a worker's pseudo-gradient for the open round, and draw whether it is audited.
 
-    One contribution per task and round: a second one from the task's live lease replaces the first.
+    One contribution per task and round. Not accepted if that round has closed. The same lease sending
+    the same contribution again (a retry) gets the same receipt: it cannot re-roll its audit draw, nor
+    change what it committed to. A new lease of the task (a replacement node) replaces what was there.
     """
     task = _require_role(session, lease, "worker")
     job = session.get(Job, lease.job_id)
     if job.state not in jobs.OPEN_JOB_STATES or msg.round < job.round:
-        return False
+        return m.ContributionReceipt(accepted=False)
     if msg.round > job.round:
         raise Conflict(f"round {msg.round} is not open; the newest is {job.round}")
     _check_blobs_exist(blobs, msg.delta)
+    commitment = msg.commitment.model_dump(mode="json") if msg.commitment else None
     previous = session.scalars(
         select(Contribution).where(
             Contribution.job_id == job.id, Contribution.round == msg.round, Contribution.task_id == task.id
         )
     ).first()
+    if previous is not None and previous.lease_id == lease.id:
+        if (previous.delta, previous.commitment) != (msg.delta, commitment):
+            raise Conflict(f"this lease already contributed to round {msg.round}; a contribution is final")
+        return m.ContributionReceipt(accepted=True, audit_segment=previous.audit_segment)
     if previous is not None:
-        # The task's live lease speaks for it (older holders are fenced out by their tokens): a retry,
-        # or a replacement node's work after the first holder was lost, replaces what was there.
+        # Older holders are fenced out by their tokens: the task's live lease speaks for it now (a
+        # replacement node's work after the first holder was lost), and replaces what was there.
         session.delete(previous)
         session.flush()
+    rate = JobSpec.model_validate(job.spec).training.verification.audit_rate
+    segment = verification.draw_audit(rate, msg.commitment)
     session.add(
         Contribution(
             job_id=job.id,
@@ -95,9 +104,11 @@ def contribute(
             steps=msg.steps,
             train_loss=msg.train_loss,
             created_at=now,
+            commitment=commitment,
+            audit_segment=segment,
         )
     )
-    return True
+    return m.ContributionReceipt(accepted=True, audit_segment=segment)
 
 
 def contributions(session: Session, lease: Lease, round_: int, *, heard_since: float) -> m.ContributionList:
@@ -141,6 +152,9 @@ def contributions(session: Session, lease: Lease, round_: int, *, heard_since: f
                 tokens=c.tokens,
                 steps=c.steps,
                 train_loss=c.train_loss,
+                commitment=c.commitment,
+                audit_segment=c.audit_segment,
+                audit_state=c.audit_state,
             )
             for c in rows
         ],

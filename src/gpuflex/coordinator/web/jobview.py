@@ -25,7 +25,8 @@ EVENTS_SHOWN = 200
 
 @dataclass(frozen=True)
 class Cell:
-    """One worker in one round: contributed, training (open round), waiting (no node) or missed."""
+    """One worker in one round: contributed, guilty (convicted: its contribution was discarded),
+    training (open round), waiting (no node) or missed."""
 
     state: str
     node: str | None = None
@@ -90,6 +91,8 @@ def _rounds(session: Session, job: Job, workers: list[Task], detail: m.JobDetail
     live = set(session.scalars(select(Lease.task_id).where(Lease.job_id == job.id, Lease.state == "active")))
     names = _names(session, {c.node_id for c in made.values()} | {t.node_id for t in workers if t.node_id})
     val = {r.round: r.val_loss for r in detail.rounds_log}
+    convicted = {(v.round, v.task_id): v.node_id for v in detail.verdicts if v.guilty}
+    names |= _names(session, set(convicted.values()) - set(names))
     rows = []
     for r in shown:
         open_now = is_open and r == job.round
@@ -98,6 +101,8 @@ def _rounds(session: Session, job: Job, workers: list[Task], detail: m.JobDetail
             c = made.get((r, task.id))
             if c is not None:
                 cells.append(Cell("contributed", names.get(c.node_id, c.node_id), c.train_loss, c.steps))
+            elif (r, task.id) in convicted:
+                cells.append(Cell("guilty", names.get(convicted[r, task.id])))
             elif open_now:
                 waiting = task.id not in live
                 cells.append(Cell("waiting" if waiting else "training", names.get(task.node_id or "")))

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.spec import Codec, CompressionSpec, describe_validation_error
 from gpuflex.train.compression.base import Compressor, Dense, ValueCodec
-from gpuflex.train.compression.feedback import ErrorFeedback
+from gpuflex.train.compression.feedback import ErrorFeedback, with_residual
 from gpuflex.train.compression.floats import Bf16, Fp16, Fp32
 from gpuflex.train.compression.quant import Int2, Int4, Int8
 from gpuflex.train.compression.topk import TopK
@@ -54,6 +54,7 @@ __all__ = [
     "TopK",
     "ValueCodec",
     "get_compressor",
+    "with_residual",
 ]
 
 CODECS: dict[str, type[ValueCodec]] = {c.name: c for c in (Fp32, Fp16, Bf16, Int8, Int4, Int2)}

@@ -23,6 +23,19 @@ from torch import Tensor
 from gpuflex.train.compression.base import Compressor
 
 
+def with_residual(
+    delta: Mapping[str, Tensor], residual: Mapping[str, Tensor], decay: float
+) -> dict[str, Tensor]:
+    """``delta + decay·residual`` in fp32 on the CPU: what error feedback compresses. One definition, so
+    that an auditor re-deriving a worker's blob from its training and residual gets it bit for bit."""
+    corrected = {}
+    for name, d in delta.items():
+        d = d.detach().to("cpu", torch.float32)
+        e = residual.get(name)
+        corrected[name] = d.clone() if e is None else torch.add(d, e, alpha=decay)
+    return corrected
+
+
 class ErrorFeedback:
     """One sender's residual over a ``compressor``; ``residual`` maps tensor names to what is owed."""
 
@@ -39,11 +52,7 @@ class ErrorFeedback:
 
     def compress_with_echo(self, delta: Mapping[str, Tensor]) -> tuple[bytes, dict[str, Tensor]]:
         """As ``compress``, with what the receivers will decode from the blob (exactly)."""
-        corrected = {}
-        for name, d in delta.items():
-            d = d.detach().to("cpu", torch.float32)
-            e = self.residual.get(name)
-            corrected[name] = d.clone() if e is None else torch.add(d, e, alpha=self.decay)
+        corrected = with_residual(delta, self.residual, self.decay)
         blob, decoded = self.compressor.compress_with_echo(corrected)
         self._previous = self.residual
         self.residual = {name: corrected[name] - decoded[name] for name in corrected}

@@ -1,0 +1,269 @@
+"""Audits: re-execute one trace segment of a contribution from the state its worker uploaded.
+
+The auditor (the aggregator, on a trusted core node) gets the state at the start of the drawn segment
+and at its end, the final state and the residual (``commitment.AuditState``) and checks, cheapest first:
+
+1. the start state hashes to the commitment: ``trace[seg - 1]``, or ``start`` for segment 0 (its
+   parameters; the AdamW moments a round starts from are the worker's own business);
+2. the batches the worker's seed draws over the whole round (the caller draws them) hash to ``data``
+   (no training: a worker that trained on other batches and claims these is caught by step 4);
+3. the learning rates are the schedule's (with ``round_seconds`` they depend on the worker's clock,
+   so they are only checked to lie between the schedule's values at the round's start and end);
+4. ``every`` inner steps re-run from that state land on ``trace[seg]``: bit for bit when the auditor is
+   of the worker's hardware class (``commitment.device``); otherwise the uploaded end state must hash
+   to ``trace[seg]`` and the re-run must land within ``TOLERANCE`` of it (relative L2 distance over
+   parameters and moments: float reductions reorder across devices, a shirker's bf16 or skipped
+   steps land orders of magnitude further).
+
+Between 3 and 4 it checks the binding of the delta to the trace (``_binding``): the final training
+state (hashing to ``trace[-1]``), the round's start parameters (hashing to ``start``) and the
+error-feedback residual (hashing to ``residual``) must give the submitted blob: the job's compressor
+applied to ``start - final params + decay·residual`` decodes to the submitted delta, bit for bit on
+the worker's hardware class, else within ``TOLERANCE`` (the same relative L2 distance). A worker that
+trained honestly and sent something else (ALIE, a substitution) fails here. What it does not cover: the
+residual is only hashed, not derived, so a worker that commits to a forged residual (its poisoned vector
+plus its real residual minus its honest delta) passes; catching that needs the chain check
+``residual_r = with_residual(delta_r-1, residual_r-1) - decoded_r-1`` against its previous contribution.
+
+A mismatch is guilty, with evidence: the segment, which ``binding`` failed (final, origin, residual,
+delta) and the expected and computed values. One audit costs ``every`` inner steps and one compression,
+so auditing a share ``a`` of contributions costs about ``a / segments`` of training.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.messages import Commitment
+from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.train.commitment import (
+    TRACE_HEX,
+    AuditState,
+    Params,
+    Segment,
+    data_hash,
+    deterministic,
+    device_class,
+    params_hash,
+    residual_hash,
+    trace_hash,
+    training_state,
+)
+from gpuflex.train.compression import get_compressor, with_residual
+from gpuflex.train.recipes import Batch, Recipe, build_model
+from gpuflex.train.schedule import lr_factor
+from gpuflex.train.worker import inner_optimizer, step
+
+TOLERANCE = 1e-3  # across hardware classes: relative L2 distance of the re-run end state to the uploaded one
+LR_RTOL = 1e-9  # learning rates are recomputed from the same formula: equal up to float formatting
+
+Evidence = dict[str, str | float | int | None]
+
+
+@dataclass(frozen=True)
+class Finding:
+    guilty: bool
+    reason: str
+    evidence: Evidence = field(default_factory=dict)
+    compute_s: float = 0.0  # what the audit cost the auditor
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What is audited: a contribution's commitment, its claimed steps and round, the drawn segment."""
+
+    round: int
+    steps: int
+    commitment: Commitment
+    segment: int
+    delta: Params  # the submitted blob, decoded
+
+
+def audit(
+    spec: TrainingSpec,
+    recipe: Recipe,
+    batches: list[Batch],
+    claim: Claim,
+    blob: bytes,
+    *,
+    model: torch.nn.Module | None = None,
+) -> Finding:
+    """Re-execute ``claim.segment`` from ``blob`` (the worker's ``AuditState``) against the commitment,
+    and check that the submitted delta is the compressed difference of the round's start and last state.
+
+    ``batches``: the round's batches the commitment's seed draws from the worker's shard, in order.
+    ``model``: one of the recipe's models to re-run in (overwritten), to spare building one per audit."""
+    began = time.perf_counter()
+    finding = _audit(spec, recipe, batches, claim, blob, model or build_model(spec, recipe))
+    evidence = {"segment": claim.segment, **finding.evidence}
+    return Finding(finding.guilty, finding.reason, evidence, time.perf_counter() - began)
+
+
+def _audit(
+    spec: TrainingSpec,
+    recipe: Recipe,
+    batches: list[Batch],
+    claim: Claim,
+    blob: bytes,
+    model: torch.nn.Module,
+) -> Finding:
+    c, seg_index = claim.commitment, claim.segment
+    try:
+        state = AuditState.from_bytes(blob)
+    except BadRequest as err:
+        return Finding(True, f"its audit state is unreadable: {err.message}")
+    seg, same_class = state.segment, c.device == device_class(torch.device("cpu"))
+    first = seg_index * c.every
+    count = min(c.every, claim.steps - first)
+    if seg.step != first or count <= 0:
+        return Finding(
+            True, "its audit state is not at the segment's start", {"expected": first, "got": seg.step}
+        )
+    params = {k.removeprefix("p."): v for k, v in seg.start.items() if k.startswith("p.")}
+    if seg_index == 0:
+        expected, got = c.start, params_hash(params)
+    else:
+        expected, got = c.trace[seg_index - 1], params_hash(seg.start)[:TRACE_HEX]
+    if expected != got:
+        return Finding(
+            True, "its state at the segment's start is not the committed one", _diff(expected, got)
+        )
+    digest = data_hash(batches)
+    if len(batches) != claim.steps or digest != c.data:
+        return Finding(True, "its seed does not draw the batches it committed to", _diff(c.data, digest))
+    lrs, bad = _learning_rates(spec, claim.round, first, count, seg.lrs)
+    if bad:
+        return Finding(True, bad, {"got": str(seg.lrs[:8])})
+    unbound = _binding(spec, claim, state, same_class)
+    if unbound is not None:
+        return unbound
+    try:
+        optimizer = _restore(spec, model, seg.start)
+    except BadRequest as err:
+        return Finding(True, f"its audit state does not fit the model: {err.message}")
+    with deterministic():
+        for batch, lr in zip(batches[first : first + count], lrs, strict=True):
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            step(recipe, model, model, optimizer, batch)
+    expected, got = c.trace[seg_index], trace_hash(model, optimizer)
+    if same_class:
+        if expected != got:
+            return Finding(
+                True, f"re-running segment {seg_index} does not reproduce its trace", _diff(expected, got)
+            )
+        return Finding(False, f"segment {seg_index} re-ran bit for bit to its trace", _diff(expected, got))
+    return _within_tolerance(seg, expected, training_state(model, optimizer))
+
+
+def _binding(spec: TrainingSpec, claim: Claim, state: AuditState, same_class: bool) -> Finding | None:
+    """Why the submitted delta is not ``compress(origin - final params + residual)``, or None if it is."""
+    c = claim.commitment
+    final, origin = state.final_state(), state.origin_params()
+    hashes = (
+        ("final", "its final state is not the trace's last", c.trace[-1], params_hash(final)[:TRACE_HEX]),
+        ("origin", "its round's start is not the committed one", c.start, params_hash(origin)),
+        ("residual", "its residual is not the committed one", c.residual, residual_hash(state.residual)),
+    )
+    for binding, reason, expected, got in hashes:
+        if expected != got:
+            return Finding(True, reason, {"binding": binding, **_diff(str(expected), got)})
+    shapes = {n: t.shape for n, t in claim.delta.items()}
+    states = (origin, {n: final.get(f"p.{n}") for n in shapes}, state.residual)
+    if set(origin) != set(shapes) or any(
+        t is None or t.shape != shapes.get(n) for part in states for n, t in part.items()
+    ):
+        return Finding(
+            True, "its start, final state or residual does not fit the model", {"binding": "delta"}
+        )
+    trained = {n: origin[n] - final[f"p.{n}"] for n in origin}
+    corrected = with_residual(trained, state.residual, spec.compression.error_decay)
+    try:
+        _, rebuilt = get_compressor(spec.compression).compress_with_echo(corrected)
+    except ValueError as err:  # non-finite values
+        return Finding(True, f"its training and residual do not compress: {err}", {"binding": "delta"})
+    if same_class:
+        if any(not torch.equal(rebuilt[n], claim.delta[n]) for n in rebuilt):
+            return Finding(
+                True, "its delta is not its training compressed with its residual", {"binding": "delta"}
+            )
+        return None
+    distance = _distance(claim.delta, rebuilt)
+    if distance > TOLERANCE:
+        evidence: Evidence = {"binding": "delta", "distance": distance, "tolerance": TOLERANCE}
+        return Finding(True, "its delta is not its training compressed with its residual", evidence)
+    return None
+
+
+def _distance(got: Params, reference: Params) -> float:
+    """Relative L2 distance of ``got`` to ``reference`` (same tensor names)."""
+    num = sum(float((got[k].double() - reference[k].double()).pow(2).sum()) for k in reference)
+    den = sum(float(reference[k].double().pow(2).sum()) for k in reference)
+    return math.sqrt(num / max(den, 1e-30))
+
+
+def _diff(expected: str, got: str) -> Evidence:
+    return {"expected": expected, "got": got}
+
+
+def _learning_rates(
+    spec: TrainingSpec, round: int, first: int, count: int, claimed: list[float]
+) -> tuple[list[float], str | None]:
+    """The lrs to re-run with, or why the claimed ones are wrong."""
+    if len(claimed) != count:
+        return [], f"its audit state lists {len(claimed)} learning rates for {count} steps"
+    if spec.round_seconds is None:
+        schedule = [
+            spec.lr * lr_factor(spec, (round + (first + k) / spec.inner_steps) / spec.rounds)
+            for k in range(count)
+        ]
+        if any(not math.isclose(a, b, rel_tol=LR_RTOL) for a, b in zip(schedule, claimed, strict=True)):
+            return [], "its learning rates are not the schedule's"
+        return schedule, None
+    ends = [spec.lr * lr_factor(spec, (round + share) / spec.rounds) for share in (0.0, 1.0)]
+    low, high = min(ends) * (1 - LR_RTOL), max(ends) * (1 + LR_RTOL)
+    if any(not low <= lr <= high for lr in claimed):
+        return [], "its learning rates are outside the schedule's range for the round"
+    return claimed, None
+
+
+def _restore(spec: TrainingSpec, model: torch.nn.Module, state: Params) -> torch.optim.Optimizer:
+    """Load ``state`` into ``model`` and a fresh inner optimizer; every parameter must be in it."""
+    optimizer = inner_optimizer(model, spec)
+    named = dict(model.named_parameters())
+    for key, tensor in state.items():
+        kind, _, name = key.partition(".")
+        if name not in named or kind not in ("p", "exp_avg", "exp_avg_sq", "step"):
+            raise BadRequest(f"unexpected tensor {key!r}")
+        p = named[name]
+        if kind == "p":
+            if tensor.shape != p.shape:
+                raise BadRequest(f"{key} has shape {list(tensor.shape)}, expected {list(p.shape)}")
+            with torch.no_grad():
+                p.copy_(tensor)
+        else:
+            if kind != "step" and tensor.shape != p.shape:
+                raise BadRequest(f"{key} has shape {list(tensor.shape)}, expected {list(p.shape)}")
+            optimizer.state[p][kind] = tensor.clone()
+    missing = [n for n in named if f"p.{n}" not in state]
+    if missing:
+        raise BadRequest(f"parameters missing: {', '.join(missing[:4])}")
+    return optimizer
+
+
+def _within_tolerance(seg: Segment, expected: str, rerun: Params) -> Finding:
+    uploaded = params_hash(seg.end)[:TRACE_HEX]
+    if uploaded != expected:
+        return Finding(True, "its uploaded end state is not the committed one", _diff(expected, uploaded))
+    if seg.end.keys() != rerun.keys():
+        return Finding(True, "its uploaded end state has other tensors than the re-run's")
+    distance = _distance(seg.end, rerun)
+    evidence: Evidence = {"distance": distance, "tolerance": TOLERANCE}
+    if distance > TOLERANCE:
+        return Finding(True, "re-running the segment on another hardware class lands too far", evidence)
+    return Finding(False, "the segment re-ran within tolerance on another hardware class", evidence)

@@ -1,0 +1,257 @@
+"""Commitments: the trace a worker binds itself to as it trains a round, and the state it is audited on.
+
+A worker commits to where it started (``start``: the hash of the round's parameters, the same hash as
+``GlobalReplica.state_hash``), to the batches it drew in order (``data``), to its generator's seed and
+hardware class, and to a *trace*: a 64-bit hash of its whole training state (parameters and AdamW
+moments) after every ``every`` inner steps and after the last one. An auditor handed the state at the
+start of one segment re-runs ``every`` steps and must land on the next trace hash (``audit.py``).
+
+Re-runs reproduce bit for bit on the same hardware class because training here is deterministic:
+the batches come from a generator seeded by (job seed, worker, round) (``data.round_seed``), dropout is
+off by default, ``torch.use_deterministic_algorithms`` is on during inner steps, and the thread count is
+fixed per process (``torch.set_num_threads`` by the agent's runner or ``train.local``): it is part of the
+hardware class, since a CPU's reductions split work by thread.
+
+The delta is bound to the trace too: the worker commits to the error-feedback residual it compresses
+with (``residual_hash``), so the blob it sends is a function of the trace's last state, its start and
+that residual, and an audit checks it (``audit.py``): training honestly and sending something else
+(ALIE, any substitution) fails.
+
+While it trains, the ``Tracer`` keeps a snapshot of the state at each segment boundary, so the worker
+answers an audit draw with a blob (``AuditState``) and no re-computation. That costs memory (one
+copy of parameters and moments per segment) rather than compute; a large model would replay from the
+round's start instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.messages import Commitment
+from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.train.checkpoint import load_tensors, save_tensors
+
+TRACE_HEX = 16  # trace hashes are sha256 truncated to 64 bits: a forgery still needs 2^64 tries
+MAX_TRACE = 64  # the protocol's bound on a trace's length
+SEGMENTS = 8  # trace hashes per round by default (``VerificationSpec.trace_every``: None)
+
+Params = dict[str, Tensor]
+
+
+def trace_every(spec: TrainingSpec) -> int:
+    """Inner steps between trace hashes: the spec's, or ``inner_steps / 8``; never more than 64 hashes."""
+    every = spec.verification.trace_every or max(1, spec.inner_steps // SEGMENTS)
+    return max(every, -(-spec.inner_steps // MAX_TRACE))
+
+
+def device_class(device: torch.device) -> str:
+    """The hardware class whose members reproduce each other's traces bit for bit."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda:{major}.{minor}"
+    return f"{device.type}/{torch.get_num_threads()}t"
+
+
+def params_hash(params: Params) -> str:
+    """sha256 over the tensors' bytes in name order (a round's ``state_hash``)."""
+    digest = hashlib.sha256()
+    for name, t in sorted(params.items()):
+        digest.update(name.encode())
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Params:
+    """Parameters and AdamW moments under one flat naming: what a trace hash covers."""
+    state: Params = {}
+    for name, p in model.named_parameters():
+        state[f"p.{name}"] = p.detach()
+        moments = optimizer.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            if key in moments:
+                state[f"{key}.{name}"] = moments[key].detach()
+    return state
+
+
+def trace_hash(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    return params_hash(training_state(model, optimizer))[:TRACE_HEX]
+
+
+def batch_bytes(batch: tuple[Tensor, ...]) -> bytes:
+    """What a batch contributes to the ``data`` hash: its tensors' bytes, so any recipe's batches hash."""
+    return b"".join(t.detach().cpu().contiguous().numpy().tobytes() for t in batch)
+
+
+def data_hash(batches: list[tuple[Tensor, ...]]) -> str:
+    """The ``data`` a commitment names: sha256 over its batches' bytes, in order."""
+    digest = hashlib.sha256()
+    for batch in batches:
+        digest.update(batch_bytes(batch))
+    return digest.hexdigest()
+
+
+class _Deterministic:
+    """``torch.use_deterministic_algorithms`` is process-wide: on while any thread trains or audits."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holders = 0
+        self.before = False
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self.lock:
+            if self.holders == 0:
+                self.before = torch.are_deterministic_algorithms_enabled()
+                torch.use_deterministic_algorithms(True)
+            self.holders += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.holders -= 1
+                if self.holders == 0:
+                    torch.use_deterministic_algorithms(self.before)
+
+
+deterministic = _Deterministic()
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One trace segment as its worker saw it.
+
+    The end state lets an auditor on another hardware class compare within a tolerance: it must hash
+    to the committed trace entry, and the auditor's re-run must land near it."""
+
+    step: int  # inner steps done before it
+    start: Params  # ``training_state`` at its start (copied)
+    end: Params  # ... and at its end
+    lrs: list[float]  # the lr of each of its steps
+
+
+def residual_hash(residual: Params) -> str:
+    """``Commitment.residual``: the error-feedback residual a delta is compressed with, as the sender
+    holds it just before compressing (``ErrorFeedback.residual``, tensor name -> fp32 tensor; ``{}``
+    before the first compression), hashed like a trace entry. With the trace's last state it fixes the
+    blob: ``compress(with_residual(start - last params, residual, decay))``."""
+    return params_hash(residual)[:TRACE_HEX]
+
+
+_PARTS = ("start", "end", "final", "residual", "origin")
+
+
+@dataclass(frozen=True)
+class AuditState:
+    """What a worker uploads when a contribution is drawn: the drawn segment, and what binds its delta.
+
+    ``final`` (the training state after the last step, hashing to ``trace[-1]``) and ``origin`` (the
+    parameters the round started from, hashing to ``start``) are left out when the segment already holds
+    them (the last segment ends in the final state, the first starts at the origin): ``final_state`` and
+    ``origin_params`` fill them in. ``residual`` hashes to ``Commitment.residual``."""
+
+    segment: Segment
+    residual: Params
+    final: Params
+    origin: Params
+
+    @staticmethod
+    def answer(segments: tuple[Segment, ...], index: int, residual: Params) -> AuditState:
+        final = segments[-1].end if index != len(segments) - 1 else {}
+        origin = {k: v for k, v in segments[0].start.items() if k.startswith("p.")} if index else {}
+        return AuditState(segments[index], residual, final, origin)
+
+    def final_state(self) -> Params:
+        return self.final or self.segment.end
+
+    def origin_params(self) -> Params:
+        origin = self.origin or self.segment.start
+        return {k.removeprefix("p."): v for k, v in origin.items() if k.startswith("p.")}
+
+    def to_bytes(self) -> bytes:
+        seg = self.segment
+        parts = (seg.start, seg.end, self.final, self.residual, self.origin)
+        tensors = {
+            f"{part}/{k}": v for part, state in zip(_PARTS, parts, strict=True) for k, v in state.items()
+        }
+        return save_tensors(tensors, {"gpuflex-audit": json.dumps({"step": seg.step, "lrs": seg.lrs})})
+
+    @staticmethod
+    def from_bytes(data: bytes) -> AuditState:
+        tensors, metadata = load_tensors(data)
+        try:
+            header = json.loads(metadata["gpuflex-audit"])
+            step, lrs = int(header["step"]), [float(x) for x in header["lrs"]]
+        except (KeyError, ValueError, TypeError) as err:
+            raise BadRequest(f"not an audit state blob: {err}") from None
+        parts: dict[str, Params] = {part: {} for part in _PARTS}
+        for key, tensor in tensors.items():
+            part, _, name = key.partition("/")
+            if part not in parts:
+                raise BadRequest(f"audit state blob has an unexpected tensor {key!r}")
+            parts[part][name] = tensor
+        segment = Segment(step, parts["start"], parts["end"], lrs)
+        return AuditState(segment, parts["residual"], parts["final"], parts["origin"])
+
+
+class Tracer:
+    """Builds one round's ``Commitment`` as the worker trains, and keeps each segment to answer an audit."""
+
+    def __init__(self, start: Params, seed: int, every: int, device: str):
+        self.start = params_hash(start)
+        self.seed = seed
+        self.every = every
+        self.device = device
+        self.data = hashlib.sha256()
+        self.trace: list[str] = []
+        self.states: list[Params] = []  # at each segment boundary
+        self.lrs: list[list[float]] = []
+        self.steps = 0
+
+    def before_step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Tensor, ...]
+    ) -> None:
+        if self.steps % self.every == 0:
+            self.states.append(_copy(training_state(model, optimizer)))
+            self.lrs.append([])
+        self.data.update(batch_bytes(batch))
+        self.lrs[-1].append(optimizer.param_groups[0]["lr"])
+
+    def after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.steps += 1
+        if self.steps % self.every == 0:
+            self.trace.append(trace_hash(model, optimizer))
+
+    def commit(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[Commitment, tuple[Segment, ...]]:
+        """The commitment once training stopped (the last, partial segment hashed too), and the segments."""
+        if self.steps % self.every:
+            self.trace.append(trace_hash(model, optimizer))
+        ends = [*self.states[1:], _copy(training_state(model, optimizer))]
+        segments = tuple(
+            Segment(i * self.every, start, end, lrs)
+            for i, (start, end, lrs) in enumerate(zip(self.states, ends, self.lrs, strict=True))
+        )
+        commitment = Commitment(
+            seed=self.seed,
+            start=self.start,
+            data=self.data.hexdigest(),
+            every=self.every,
+            trace=self.trace,
+            device=self.device,
+        )
+        return commitment, segments
+
+
+def _copy(state: Params) -> Params:
+    return {k: v.clone() for k, v in state.items()}

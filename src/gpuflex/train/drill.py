@@ -1,0 +1,92 @@
+"""Drills: a job as a direct loop over the runtime's verification pieces, for tests and the benchmark.
+
+No threads, no polling: each round every worker trains from the same global model (``Replica``), the
+adversaries among them see the honest deltas of the round (colluders: the strongest case), each delta
+goes through its worker's compressor with error feedback (``Replica.seal``), the ``Verifier`` screens
+every contribution and audits those the ``draw`` picks, and what stands is averaged by ``robust_mean``
+and applied by the outer optimizer. Nobody is excluded, so every contribution is judged (and counted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuflex.protocol.messages import Commitment, Contribution, TaskConfig
+from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.train import adversaries
+from gpuflex.train.checkpoint import sha256
+from gpuflex.train.outer import GlobalReplica, weighted_mean
+from gpuflex.train.recipes import build_model, get_recipe
+from gpuflex.train.robust import flatten, robust_mean, unflatten
+from gpuflex.train.verifier import Judged, Verifier
+from gpuflex.train.worker import Replica, RoundResult, Situation
+
+LATE = "late"  # an honest worker that does half the steps and says so
+
+Draw = Callable[[int, Commitment], int | None]  # (worker, commitment) -> the segment to audit, or None
+
+
+@dataclass
+class Drill:
+    """Workers of one job: ``kinds`` holds None (honest), ``LATE``, or an adversary kind for each."""
+
+    spec: TrainingSpec
+    corpus: bytes
+    kinds: list[str | None]
+
+    def __post_init__(self) -> None:
+        self.recipe = get_recipe("char-gpt")
+        n = len(self.kinds)
+        self.data = [self.recipe.build_data(self.corpus, self.spec, i, n) for i in range(n)]
+        configs = [
+            TaskConfig(
+                job_id="j", task_id=f"w{i}", role="worker", worker_index=i, num_workers=n, training=self.spec
+            )
+            for i in range(n)
+        ]
+        self.replicas = [Replica(c, self.recipe, d) for c, d in zip(configs, self.data, strict=True)]
+        self.players = {i: adversaries.get(k) for i, k in enumerate(self.kinds) if k not in (None, LATE)}
+        self.global_ = GlobalReplica(build_model(self.spec, self.recipe), self.spec)
+        self.global_.round = 0
+        self.verifier = Verifier(self.spec, self.recipe, self.data.__getitem__, n)
+
+    def round(self, r: int, draw: Draw) -> tuple[list[Judged], dict[int, RoundResult]]:
+        """Train round ``r``, judge it, apply what stands; the judgements and the workers' results."""
+        start = {n: p.detach().clone() for n, p in self.global_.parameters().items()}
+        results: dict[int, RoundResult] = {}
+        for i, kind in enumerate(self.kinds):
+            if i not in self.players:
+                steps = self.spec.inner_steps // 2 if kind == LATE else None
+                results[i] = self.replicas[i].train_round(start, r, lambda: False, steps=steps)
+        peers = tuple(res.delta for res in results.values())
+        for i, player in self.players.items():
+            results[i] = player.play(Situation(self.replicas[i], start, r, lambda: False, peers=peers))
+        arrived = []
+        for i in range(len(self.kinds)):
+            blob, res = self.replicas[i].seal(results[i])
+            results[i] = res
+            c = Contribution(
+                task_id=f"w{i}",
+                node_id=f"n{i}",
+                delta=sha256(blob),
+                tokens=res.steps * 256,
+                steps=res.steps,
+                train_loss=res.train_loss or None,
+                commitment=res.commitment,
+                audit_segment=draw(i, res.commitment) if res.commitment is not None else None,
+            )
+            arrived.append((c, self.replicas[i].decode(blob)))
+        if not self.spec.verification.robust:  # as the aggregator: no checks, the token-weighted mean
+            self.global_.apply(weighted_mean([(c.tokens, d) for c, d in arrived]))
+            return [Judged(c, d) for c, d in arrived], results
+        judged = self.verifier.screen(r, start, self.global_.state_hash(), arrived)
+        for i, j in enumerate(judged):
+            segment = j.contribution.audit_segment
+            if not j.guilty and segment is not None:
+                j.verdict = self.verifier.audit(r, j, results[i].audit_state(segment))
+        kept = [j for j in judged if not j.guilty]
+        if kept:
+            mean = robust_mean([flatten(j.delta) for j in kept], [float(j.contribution.tokens) for j in kept])
+            self.global_.apply(unflatten(mean, kept[0].delta))
+        return judged, results

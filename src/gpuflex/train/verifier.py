@@ -1,0 +1,216 @@
+"""The aggregator's verifier: judges one round's contributions before they are averaged.
+
+Checks, cheapest first; the first that fails convicts (``check="screen"``):
+
+1. a commitment, and one that fits the round: a seed this round assigns to some worker (which also
+   says whose shard it trained on), the round's start (unless workers ``overlap``, whose start is their
+   own), a residual (what binds the delta to the trace), the spec's ``every``, a trace as long as its
+   claimed steps need, no more steps than the round;
+   and its ``data`` hash equals the batches that seed draws (sampling only). A stale replay fails here.
+2. ``robust.screen``: norm against the median, cosine against the others' robust center.
+3. loss gain: the delta applied to the round's model must lower the loss on the worker's own assigned
+   batches. Each is first tried on the last batch it drew (two forward passes); one that shows no gain
+   there is judged on up to ``CONFIRM_BATCHES`` of its batches, along the delta and against it: the
+   difference is its first-order descent, the sum its curvature cost. It is convicted if its descent is
+   under ``DESCENT_MIN`` × that cost. Honest deltas do not always lower the loss: past a small model's
+   plateau, or with a large learning rate, training can overshoot ("gain <= 0 on the last batch"
+   convicted 5 of 120 honest contributions in 60 rounds of the integration tests' job; "gain <= 0 on
+   all of them", 1 of 120 in ``bench/verification.py``'s plateau job), but an overshooting delta still
+   points downhill (descent near the cost or above). Noise points nowhere (descent near 0), a flipped
+   delta uphill; both cost as much as an honest delta of their length.
+4. duplicates: contributions claiming one worker's batches: all but the one whose delta fits them best,
+   against as many other batches of the shard, are convicted (training fits the batches trained on).
+
+What screening does not convict, on purpose: a copied delta (a free-rider's; colluders' shared ALIE
+vector). Which of two equal deltas is the original only an audit can tell — the copier's trace is made
+up — and the memorization margin above is noise around zero for honest workers on a tiny model
+(measured), so tie-breaking by it convicted honest victims. Copies are left to the audits, and so is an
+ALIE vector, which passes every screen (it stays inside the honest spread): its worker trained honestly,
+so only the audit's binding of the delta to the trace (``audit.py``) convicts it; unaudited, the
+clipping bounds its pull.
+
+Audits (``audit.py``) run on the drawn contributions that pass screening, once their state is in
+(``Verifier.audit``). ``compute_s`` adds up what all of this cost, ``audit_s`` the audits' share of it
+(which scales with the audit rate, screening does not), for the benchmark's extra compute.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from gpuflex.protocol.messages import Contribution, VerdictSubmit
+from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.train.audit import Claim, audit
+from gpuflex.train.commitment import data_hash, trace_every
+from gpuflex.train.data import round_seed
+from gpuflex.train.recipes import Batch, Recipe, TaskData, build_model
+from gpuflex.train.robust import THRESHOLDS, Delta, Thresholds, flatten, screen
+from gpuflex.train.schedule import lr_share
+
+MARGIN_BATCHES = 1  # assigned batches (the last ones drawn) a duplicate claim is judged on
+CONFIRM_BATCHES = 8  # at most, evenly spread to the last: assigned batches that confirm a suspicion
+# × the curvature: the least first-order descent a suspect must show (the 16 honest suspects of
+# bench/verification.py's 60-round plateau job measured 1.01-4.15)
+DESCENT_MIN = 0.5
+OTHER_SALT = 0x5EED  # seeds the "other batches of the shard" apart from every assigned stream
+
+
+@dataclass
+class Judged:
+    contribution: Contribution
+    delta: Delta
+    verdict: VerdictSubmit | None = None  # guilty, or an audit's finding
+    worker: int | None = None  # whose batches its seed draws
+    batches: list[Batch] = field(default_factory=list)  # the round's batches its seed draws from that shard
+
+    @property
+    def guilty(self) -> bool:
+        return self.verdict is not None and self.verdict.guilty
+
+
+class Verifier:
+    def __init__(
+        self,
+        spec: TrainingSpec,
+        recipe: Recipe,
+        data_for: Callable[[int], TaskData],
+        num_workers: int,
+        thresholds: Thresholds = THRESHOLDS,
+    ):
+        self.spec = spec
+        self.recipe = recipe
+        self.data_for = data_for
+        self.num_workers = num_workers
+        self.thresholds = thresholds
+        self.scratch = build_model(spec, recipe)
+        self.compute_s = 0.0
+        self.audit_s = 0.0
+
+    def screen(
+        self, round: int, params: Delta, state_hash: str, arrived: list[tuple[Contribution, Delta]]
+    ) -> list[Judged]:
+        """Every contribution of ``round``, judged against the round's model ``params``."""
+        began = time.perf_counter()
+        judged = [Judged(c, d) for c, d in arrived]
+        seeds = {round_seed(self.spec.seed, i, round): i for i in range(self.num_workers)}
+        for j in judged:
+            reason = self._commitment(j, round, state_hash, seeds)
+            if reason:
+                self._convict(j, round, reason, {})
+        alive = [j for j in judged if not j.guilty]
+        shares = [lr_share(self.spec, round, j.contribution.steps) for j in alive]
+        for j, found in zip(
+            alive, screen([flatten(j.delta) for j in alive], shares, self.thresholds), strict=True
+        ):
+            if found is not None:
+                self._convict(j, round, found[0], found[1])
+        self._loss_gain(round, params, [j for j in judged if not j.guilty])
+        self.compute_s += time.perf_counter() - began
+        return judged
+
+    def audit(self, round: int, j: Judged, blob: bytes | None) -> VerdictSubmit:
+        """The finding of a drawn contribution's audit; no state is a no-show."""
+        c = j.contribution
+        if blob is None:
+            return self._verdict(round, c, True, "no-show", "its audit state never came", {})
+        assert c.commitment is not None and c.audit_segment is not None and j.worker is not None, "screened"
+        claim = Claim(round, c.steps, c.commitment, c.audit_segment, j.delta)
+        finding = audit(self.spec, self.recipe, j.batches, claim, blob, model=self.scratch)
+        self.compute_s += finding.compute_s
+        self.audit_s += finding.compute_s
+        return self._verdict(round, c, finding.guilty, "audit", finding.reason, finding.evidence)
+
+    def _commitment(self, j: Judged, round: int, state_hash: str, seeds: dict[int, int]) -> str | None:
+        c, spec = j.contribution, self.spec
+        if c.commitment is None:
+            return "it carries no commitment"
+        m = c.commitment
+        j.worker = seeds.get(m.seed)
+        if j.worker is None:
+            return "its seed is not one this round assigns"
+        if not spec.overlap and m.start != state_hash:
+            return f"it did not start from round {round}'s model"
+        if m.residual is None:
+            return "its commitment names no residual: its delta is bound to nothing"
+        if m.every != trace_every(spec):
+            return f"its trace is every {m.every} steps, the job's every {trace_every(spec)}"
+        if not 0 < c.steps <= spec.inner_steps or len(m.trace) != -(-c.steps // m.every):
+            return f"its trace has {len(m.trace)} hashes for the {c.steps} steps it claims"
+        generator = torch.Generator().manual_seed(m.seed)
+        data = self.data_for(j.worker)
+        j.batches = [data.sample(generator) for _ in range(c.steps)]
+        if data_hash(j.batches) != m.data:
+            return "the batches it committed to are not the ones its seed draws"
+        return None
+
+    def _loss_gain(self, round: int, params: Delta, alive: list[Judged]) -> None:
+        for j in alive:
+            if self._gain(params, j.delta, j.batches[-1:]) > 0:
+                continue
+            # a suspicion: along the delta and against it, on the batches it claims
+            batches = spread(j.batches, CONFIRM_BATCHES)
+            base, along, against = self._losses(params, j.delta, batches, (0.0, 1.0, -1.0))
+            descent = (against - along) / 2  # first order: how much the delta points downhill
+            curvature = (along + against) / 2 - base  # second order: what its length costs
+            if descent <= DESCENT_MIN * max(curvature, 0.0):
+                reason = "it does not lower the loss on its own assigned batches"
+                self._convict(j, round, reason, {"descent": descent, "curvature": curvature})
+        self._duplicates(round, [j for j in alive if not j.guilty], params)
+
+    def _duplicates(self, round: int, alive: list[Judged], params: Delta) -> None:
+        by_worker: dict[int | None, list[Judged]] = {}
+        for j in alive:
+            by_worker.setdefault(j.worker, []).append(j)
+        for claimants in (c for c in by_worker.values() if len(c) > 1):
+            margins = [self._margin(round, params, j) for j in claimants]
+            best = max(range(len(claimants)), key=margins.__getitem__)
+            for k, j in enumerate(claimants):
+                if k != best:
+                    other = claimants[best].contribution.task_id
+                    reason = f"it claims worker {j.worker}'s batches, as task {other} does"
+                    self._convict(j, round, reason, {"margin": margins[k], "best_margin": margins[best]})
+
+    def _margin(self, round: int, params: Delta, j: Judged) -> float:
+        """Loss gain on its own assigned batches minus on as many other batches of its shard."""
+        worker = j.worker or 0
+        generator = torch.Generator().manual_seed(round_seed(self.spec.seed, worker, round) ^ OTHER_SALT)
+        others = [self.data_for(worker).sample(generator) for _ in range(MARGIN_BATCHES)]
+        return self._gain(params, j.delta, j.batches[-MARGIN_BATCHES:]) - self._gain(params, j.delta, others)
+
+    def _gain(self, params: Delta, delta: Delta, batches: list[Batch]) -> float:
+        """Mean loss on ``batches`` at ``params`` minus at ``params − delta``."""
+        base, moved = self._losses(params, delta, batches, (0.0, 1.0))
+        return base - moved
+
+    def _losses(
+        self, params: Delta, delta: Delta, batches: list[Batch], moves: tuple[float, ...]
+    ) -> list[float]:
+        """Mean loss on ``batches`` at ``params − t × delta`` for each t in ``moves``."""
+        losses = []
+        with torch.no_grad():
+            for t in moves:
+                for name, p in self.scratch.named_parameters():
+                    p.copy_(params[name] - t * delta[name])
+                losses.append(sum(self.recipe.loss(self.scratch, b).item() for b in batches) / len(batches))
+        return losses
+
+    def _convict(self, j: Judged, round: int, reason: str, numbers: dict[str, float]) -> None:
+        j.verdict = self._verdict(round, j.contribution, True, "screen", reason, dict(numbers))
+
+    @staticmethod
+    def _verdict(
+        round: int, c: Contribution, guilty: bool, check: str, reason: str, evidence: dict
+    ) -> VerdictSubmit:
+        return VerdictSubmit(
+            round=round, task_id=c.task_id, guilty=guilty, check=check, reason=reason, evidence=evidence
+        )
+
+
+def spread(batches: list[Batch], most: int) -> list[Batch]:
+    """At most ``most`` of ``batches``, evenly spaced and ending with the last."""
+    n = len(batches)
+    return batches if n <= most else [batches[(i + 1) * n // most - 1] for i in range(most)]

@@ -1,0 +1,148 @@
+"""The heartbeat's fast path answers good heartbeats itself and hands everything else to the route,
+which refuses it exactly as before; nothing is written or counted twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from sqlalchemy import select
+
+from gpuflex.coordinator.db import Node
+from gpuflex.coordinator.fastpath import PATH, HeartbeatFastPath
+from gpuflex.coordinator.heartbeats import HeartbeatWriter
+from gpuflex.coordinator.metrics import CoordinatorMetrics
+from gpuflex.coordinator.ratelimit import RateLimits
+
+
+def _beats(harness, node_id: str) -> int:
+    with harness.ctx.sessions() as s:
+        return s.scalar(select(Node.heartbeats).where(Node.id == node_id))
+
+
+def _post(harness, node, body: bytes, **header_changes: str):
+    headers = {
+        **node.key.sign_request("POST", PATH, body),
+        "Content-Type": "application/json",
+        **header_changes,
+    }
+    return harness.http.post(PATH, content=body, headers=headers)
+
+
+class _Recorder:
+    """The app behind the fast path: records what reached it and answers 418."""
+
+    def __init__(self):
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope, receive, send):
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        self.bodies.append(body)
+        await send({"type": "http.response.start", "status": 418, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _call(layer, node, body: bytes, chunks: int = 1, **header_changes: str) -> int:
+    """One heartbeat through ``layer`` as uvicorn would pass it, the body in ``chunks`` messages."""
+    headers = {
+        **node.key.sign_request("POST", PATH, body),
+        "content-type": "application/json",
+        **header_changes,
+    }
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": PATH,
+        "raw_path": PATH.encode(),
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    size = -(-len(body) // chunks)
+    parts = [body[i : i + size] for i in range(0, len(body), size)]
+    incoming = [
+        {"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)
+    ]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(layer(scope, receive, send))
+    return sent[0]["status"]
+
+
+@pytest.fixture
+def layer(coordinator):
+    """The fast path around a recorder, with its own heartbeat writer on the coordinator's database."""
+    ctx = coordinator.ctx
+    writer = HeartbeatWriter(ctx)
+    writer.start()
+    limits = RateLimits(rate_per_s=100, burst=100, anonymous_rate_per_s=1, anonymous_burst=1, clock=ctx.now)
+    recorder = _Recorder()
+    yield (
+        HeartbeatFastPath(recorder, ctx=ctx, writer=writer, limits=limits, metrics=CoordinatorMetrics(ctx)),
+        recorder,
+    )
+    writer.stop()
+
+
+def test_a_good_heartbeat_is_answered_without_the_app_and_written_once(coordinator, layer):
+    fast, app = layer
+    node = coordinator.node("n1")
+    body = json.dumps({"leases": []}).encode()
+    assert _call(fast, node, body) == 418  # the key is not read yet: the app's route reads it
+    assert app.bodies == [body]
+    coordinator.ctx.node_keys[node.key.node_id] = node.key.public_key_hex  # what the route leaves behind
+    before = _beats(coordinator, node.key.node_id)
+
+    assert _call(fast, node, body, chunks=3) == 200
+
+    assert app.bodies == [body]  # the app never saw it
+    assert _beats(coordinator, node.key.node_id) == before + 1
+
+
+@pytest.mark.parametrize(
+    "body, headers",
+    [
+        (b'{"leases": [], "extra": 1}', {}),  # a body the model refuses
+        (b'{"leases": []}', {"X-GPUFlex-Signature": "00" * 64}),  # a forged signature
+        (b'{"leases": []}', {"content-type": "text/plain"}),  # not JSON as declared
+    ],
+)
+def test_anything_doubtful_reaches_the_app_with_its_body_intact(coordinator, layer, body, headers):
+    fast, app = layer
+    node = coordinator.node("n1")
+    coordinator.ctx.node_keys[node.key.node_id] = node.key.public_key_hex
+    assert _call(fast, node, body, **headers) == 418
+    assert app.bodies == [body]
+
+
+def test_the_route_refuses_what_the_fast_path_hands_over(coordinator):
+    node = coordinator.node("n1")
+    node.heartbeat([])  # through the route: this replica now knows the node's key
+    body = json.dumps({"leases": []}).encode()
+    signed = {**node.key.sign_request("POST", PATH, body), "Content-Type": "application/json"}
+    assert coordinator.http.post(PATH, content=body, headers=signed).status_code == 200
+    beats = _beats(coordinator, node.key.node_id)
+
+    replayed = coordinator.http.post(PATH, content=body, headers=signed)
+    forged = _post(coordinator, node, body, **{"X-GPUFlex-Signature": "00" * 64})
+    unknown_field = _post(coordinator, node, b'{"leases": [], "extra": 1}')
+    too_large = _post(coordinator, node, b'{"leases": []}' + b" " * (64 * 1024))
+
+    assert replayed.status_code == 401 and "replayed" in replayed.json()["detail"]
+    assert forged.status_code == 401 and "signature" in forged.json()["detail"]
+    assert unknown_field.status_code == 422 and "extra" in unknown_field.json()["detail"]
+    assert too_large.status_code == 413
+    assert _beats(coordinator, node.key.node_id) == beats  # none of them was written
+    node.leave()
+    left = _post(coordinator, node, body)
+    assert left.status_code == 401 and "left" in left.json()["detail"]

@@ -1,0 +1,83 @@
+"""Every adversary kind is caught, and honest workers never are (heterogeneous shards, top-k, late)."""
+
+import pytest
+
+from gpuflex.errors import BadRequest
+from gpuflex.testing import small_job, write_corpus
+from gpuflex.train import adversaries
+from gpuflex.train.drill import LATE, Drill
+
+from .helpers import tiny_spec
+
+
+def _spec(rounds: int = 2):
+    return tiny_spec(
+        rounds=rounds,
+        inner_steps=4,
+        compression={"method": "topk", "density": 0.1, "values": "int8"},
+        verification={"trace_every": 1, "audit_rate": 1.0},
+    )
+
+
+def _last_segment(worker, commitment):
+    return len(commitment.trace) - 1  # few-steps and adaptive pad the end of their trace
+
+
+@pytest.mark.parametrize("kind", sorted(adversaries.KINDS))
+def test_each_kind_is_caught_within_its_cheating_rounds(corpus, kind):
+    rounds = {"jump": adversaries.JUMP_AFTER + 1, "stale": 2, "fake-trace": 2}.get(kind, 1)  # its first cheat
+    drill = Drill(_spec(rounds), corpus, [None, None, None, LATE, kind])
+    convicted = []
+    for r in range(rounds):
+        judged, _ = drill.round(r, _last_segment)
+        assert not any(j.guilty for j in judged[:4]), [j.verdict for j in judged[:4] if j.guilty]
+        convicted.append(judged[4].guilty)
+    assert any(convicted), f"{kind} was never caught"
+
+
+def test_honest_workers_are_never_convicted(corpus):
+    drill = Drill(_spec(3), corpus, [None, None, None, None, LATE])
+    for r in range(3):
+        judged, _ = drill.round(r, lambda worker, c, r=r: (worker + r) % len(c.trace))
+        assert [j.verdict.guilty for j in judged] == [False] * 5  # each audited, each cleared
+
+
+def test_alie_passes_every_screen_and_only_the_audit_of_its_binding_convicts_it(corpus):
+    drill = Drill(_spec(1), corpus, [None, None, None, None, "alie"])
+    judged, _ = drill.round(0, lambda worker, c: 0 if worker == 4 else None)
+    assert [j.guilty for j in judged] == [False] * 4 + [True]
+    assert judged[4].verdict.check == "audit" and judged[4].verdict.evidence["binding"] == "delta"
+
+
+def test_an_unknown_kind_is_a_clear_error():
+    with pytest.raises(BadRequest, match="unknown adversary"):
+        adversaries.get("nice")
+
+
+def test_without_robust_aggregation_nothing_is_checked_and_a_poison_moves_the_plain_mean(corpus):
+    """``verification.robust: false`` is the naive token-weighted mean the benchmark reports beside."""
+    plain = _spec(1).model_copy(
+        update={"verification": _spec(1).verification.model_copy(update={"robust": False})}
+    )
+    runs = {}
+    for robust, spec in ((True, _spec(1)), (False, plain)):
+        drill = Drill(spec, corpus, [None, None, None, None, "scaled"])
+        before = {n: p.detach().clone() for n, p in drill.global_.parameters().items()}
+        judged, _ = drill.round(0, lambda worker, c: None)
+        step = sum(float((p.detach() - before[n]).norm()) for n, p in drill.global_.parameters().items())
+        runs[robust] = ([j.guilty for j in judged], step)
+    assert runs[True][0] == [False] * 4 + [True] and runs[False][0] == [False] * 5
+    assert runs[False][1] > 2 * runs[True][1]  # the scaled poison went into the plain mean
+
+
+def test_honest_workers_of_a_small_fast_job_are_never_convicted(tmp_path):
+    """The integration tests' job: word-salad text, 8 steps at lr 0.01, warm-up, a late worker. One
+    batch's loss gain is noise for an honest delta once the loss flattens, and in warm-up a late worker's
+    steps move the model far less than their number says (both convicted honest workers here)."""
+    write_corpus(tmp_path / "data")
+    corpus = b"".join(p.read_bytes() for p in sorted((tmp_path / "data").iterdir()))
+    spec = small_job(tmp_path / "data", workers=4, rounds=30, inner_steps=8, batch_size=8).training
+    drill = Drill(spec, corpus, [None, None, None, LATE])
+    for r in range(spec.rounds):
+        judged, _ = drill.round(r, lambda worker, c: None)
+        assert not any(j.guilty for j in judged), (r, [j.verdict for j in judged if j.guilty])

@@ -1,0 +1,99 @@
+"""Audits: an honest segment re-runs bit for bit and its delta is bound to its trace; a tampered one is
+guilty, with evidence."""
+
+import dataclasses
+
+import torch
+
+from gpuflex.train.audit import TOLERANCE, Claim, audit
+from gpuflex.train.commitment import TRACE_HEX, AuditState, params_hash, residual_hash
+from gpuflex.train.drill import Drill
+
+from .helpers import tiny_spec
+
+
+def _honest(corpus):
+    spec = tiny_spec(
+        rounds=2,
+        inner_steps=4,
+        verification={"trace_every": 2},
+        compression={"method": "topk", "density": 0.1, "values": "int8", "error_decay": 0.9},
+    )
+    drill = Drill(spec, corpus, [None, None])
+    _, results = drill.round(0, lambda w, c: None)  # a round in: the AdamW moments are no longer zero
+    judged, results = drill.round(1, lambda w, c: None)
+    return drill, judged[0], results[0]
+
+
+def _audit(drill, j, result, segment, blob=None, commitment=None, delta=None):
+    claim = Claim(1, j.contribution.steps, commitment or result.commitment, segment, delta or j.delta)
+    return audit(drill.spec, drill.recipe, j.batches, claim, blob or result.audit_state(segment))
+
+
+def test_each_honest_segment_reruns_to_its_trace(corpus):
+    drill, j, result = _honest(corpus)
+    for segment in range(2):
+        finding = _audit(drill, j, result, segment)
+        assert not finding.guilty, finding
+        assert finding.evidence["expected"] == finding.evidence["got"] and finding.compute_s > 0
+
+
+def test_a_changed_trace_a_foreign_state_and_a_wrong_seed_are_guilty(corpus):
+    drill, j, result = _honest(corpus)
+    c = result.commitment
+    forged = c.model_copy(update={"trace": ["0" * 16, *c.trace[1:]]})
+    finding = _audit(drill, j, result, 0, commitment=forged)
+    assert (
+        finding.guilty and "does not reproduce" in finding.reason and finding.evidence["expected"] == "0" * 16
+    )
+    assert _audit(drill, j, result, 1, blob=result.audit_state(0)).guilty  # the wrong segment's state
+    other_seed = c.model_copy(update={"seed": c.seed + 1})
+    assert (
+        _audit(drill, j, result, 0, commitment=other_seed).guilty is False
+    )  # the seed is the verifier's check
+    assert _audit(drill, j, result, 0, blob=b"junk").guilty
+
+
+def test_another_hardware_class_is_judged_within_tolerance(corpus):
+    drill, j, result = _honest(corpus)
+    elsewhere = result.commitment.model_copy(update={"device": "cuda:8.0"})
+    assert not _audit(drill, j, result, 1, commitment=elsewhere).guilty
+    state = AuditState.from_bytes(result.audit_state(0))  # not the last segment: its end is not final
+    nudged = {k: v + 1e-2 * v.abs().mean() if k.startswith("p.") else v for k, v in state.segment.end.items()}
+    moved = dataclasses.replace(state, segment=dataclasses.replace(state.segment, end=nudged))
+    trace = [params_hash(nudged)[:TRACE_HEX], *result.commitment.trace[1:]]
+    forged = elsewhere.model_copy(update={"trace": trace})
+    finding = _audit(drill, j, result, 0, blob=moved.to_bytes(), commitment=forged)
+    assert finding.guilty and "binding" not in finding.evidence
+    assert finding.evidence["distance"] > TOLERANCE and torch.isfinite(
+        torch.tensor(finding.evidence["distance"])
+    )
+
+
+def test_a_delta_other_than_its_training_compressed_is_guilty_naming_the_binding(corpus):
+    drill, j, result = _honest(corpus)
+    scaled = {n: 1.01 * t for n, t in j.delta.items()}
+    for segment in range(2):
+        finding = _audit(drill, j, result, segment, delta=scaled)
+        assert finding.guilty and finding.evidence["binding"] == "delta", finding
+    state = AuditState.from_bytes(result.audit_state(0))
+    other = {n: t + 1e-3 for n, t in state.residual.items()}
+    finding = _audit(drill, j, result, 0, blob=dataclasses.replace(state, residual=other).to_bytes())
+    assert finding.guilty and finding.evidence["binding"] == "residual"
+    finding = _audit(
+        drill, j, result, 0, blob=dataclasses.replace(state, final=state.segment.start).to_bytes()
+    )
+    assert finding.guilty and finding.evidence["binding"] == "final"
+    state = AuditState.from_bytes(result.audit_state(1))
+    finding = _audit(
+        drill, j, result, 1, blob=dataclasses.replace(state, origin=state.segment.start).to_bytes()
+    )
+    assert finding.guilty and finding.evidence["binding"] == "origin"
+    poisoned = {n: torch.full_like(t, float("nan")) for n, t in state.residual.items()}
+    committed = result.commitment.model_copy(update={"residual": residual_hash(poisoned)})
+    blob = dataclasses.replace(state, residual=poisoned).to_bytes()
+    finding = _audit(drill, j, result, 1, blob=blob, commitment=committed)
+    assert finding.guilty and "do not compress" in finding.reason  # a verdict, not a crash
+    elsewhere = result.commitment.model_copy(update={"device": "cuda:8.0"})
+    assert not _audit(drill, j, result, 1, commitment=elsewhere).guilty  # within tolerance of itself
+    assert _audit(drill, j, result, 1, commitment=elsewhere, delta=scaled).guilty

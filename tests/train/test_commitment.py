@@ -1,0 +1,91 @@
+"""Commitments: traces reproduce bit for bit, stay small, and their audit states round-trip."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.messages import TaskConfig
+from gpuflex.train.commitment import AuditState, Segment, params_hash, residual_hash, trace_every
+from gpuflex.train.recipes import build_model, get_recipe
+from gpuflex.train.worker import Replica
+
+from .helpers import tiny_spec
+
+
+def _replica(spec, corpus: bytes, index: int = 0) -> Replica:
+    config = TaskConfig(
+        job_id="j", task_id="w", role="worker", worker_index=index, num_workers=2, training=spec
+    )
+    recipe = get_recipe("char-gpt")
+    return Replica(config, recipe, recipe.build_data(corpus, spec, index, 2))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=16), st.integers(0, 15))
+def test_params_hash_is_a_function_of_the_bytes(values, at):
+    a = {"w": torch.tensor(values)}
+    assert params_hash(a) == params_hash({"w": torch.tensor(values)})
+    changed = torch.tensor(values)
+    changed[at % len(values)] += 1.0
+    assert params_hash({"w": changed}) != params_hash(a)
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.integers(0, 3), st.integers(1, 4))
+def test_an_honest_rerun_reproduces_the_trace_bit_for_bit(corpus, label, every):
+    spec = tiny_spec(inner_steps=6, verification={"trace_every": every})
+    start = {n: p.detach().clone() for n, p in build_model(spec).named_parameters()}
+    first, second = (_replica(spec, corpus).train_round(start, label, lambda: False) for _ in range(2))
+    assert first.commitment == second.commitment
+    assert len(first.commitment.trace) == -(-6 // every)
+    assert first.commitment.start == params_hash(start)
+    other = _replica(spec, corpus, index=1).train_round(start, label, lambda: False)
+    assert other.commitment.data != first.commitment.data and other.commitment.seed != first.commitment.seed
+
+
+def test_a_commitment_of_32_segments_fits_in_a_kilobyte(corpus):
+    spec = tiny_spec(inner_steps=32, verification={"trace_every": 1})
+    start = {n: p.detach().clone() for n, p in build_model(spec).named_parameters()}
+    replica = _replica(spec, corpus)
+    _, result = replica.seal(replica.train_round(start, 0, lambda: False))
+    assert len(result.commitment.trace) == 32 and result.commitment.residual is not None
+    assert len(result.commitment.model_dump_json()) <= 1024
+    assert [s.step for s in result.segments] == list(range(32))
+
+
+def test_trace_every_defaults_to_an_eighth_and_never_exceeds_64_hashes():
+    assert trace_every(tiny_spec(inner_steps=80)) == 10
+    assert trace_every(tiny_spec(inner_steps=3)) == 1
+    assert trace_every(tiny_spec(inner_steps=1000, verification={"trace_every": 1})) == 16
+
+
+def test_an_audit_state_round_trips_and_a_foreign_blob_is_refused():
+    state = {"p.w": torch.arange(4.0), "exp_avg.w": torch.ones(4)}
+    segment = Segment(3, state, {"p.w": torch.zeros(4)}, [0.1, 0.2])
+    back = AuditState.from_bytes(AuditState(segment, {"w": torch.ones(4)}, {}, {}).to_bytes())
+    assert back.segment.step == 3 and back.segment.lrs == [0.1, 0.2]
+    torch.testing.assert_close(back.segment.start["p.w"], state["p.w"])
+    torch.testing.assert_close(back.residual["w"], torch.ones(4))
+    with pytest.raises(BadRequest):
+        AuditState.from_bytes(b"not safetensors")
+
+
+def test_sealing_commits_to_the_residual_compressed_with_and_audit_states_skip_what_they_hold(corpus):
+    spec = tiny_spec(inner_steps=3, verification={"trace_every": 1}, compression={"method": "topk"})
+    start = {n: p.detach().clone() for n, p in build_model(spec).named_parameters()}
+    replica = _replica(spec, corpus)
+    _, first = replica.seal(replica.train_round(start, 0, lambda: False))
+    assert first.commitment.residual == residual_hash({}) and first.residual == {}
+    owed = replica.feedback.residual
+    _, second = replica.seal(replica.train_round(start, 1, lambda: False))
+    assert second.residual is owed and second.commitment.residual == residual_hash(owed) != residual_hash({})
+    final = second.segments[-1].end
+    for index in range(3):
+        state = AuditState.from_bytes(second.audit_state(index))
+        assert params_hash(state.final_state()) == params_hash(final)
+        assert params_hash(state.origin_params()) == second.commitment.start == params_hash(start)
+        assert (state.final == {}) == (index == 2) and (state.origin == {}) == (index == 0)
+        assert params_hash(state.residual) == params_hash(owed)
+    assert second.audit_state(3) is None

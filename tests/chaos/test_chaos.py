@@ -22,7 +22,7 @@ from gpuflex.cli.jobs import upload_inputs
 from gpuflex.client import Client
 from gpuflex.coordinator.db import Contribution, Lease, Task, make_engine, make_sessionmaker
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
-from gpuflex.protocol.messages import JobDetail
+from gpuflex.protocol.messages import JobDetail, TaskInfo
 from gpuflex.testing import check_invariants, small_job, wait_for, write_corpus
 
 pytestmark = pytest.mark.integration
@@ -93,6 +93,19 @@ class Cluster:
 
         return rng.choice(wait_for(held, 60, f"a leased {role}"))
 
+    def wait_released(self, job_id: str, task: TaskInfo) -> None:
+        """Until ``task`` is leased at a later epoch; if it is not, the job's last events say why."""
+
+        def released() -> bool:
+            return next(t for t in self.client.job(job_id).tasks if t.id == task.id).epoch > task.epoch
+
+        try:
+            wait_for(released, 60, f"task {task.id} to be leased after epoch {task.epoch}")
+        except AssertionError as timeout:
+            job = self.client.job(job_id)
+            why = f"{timeout}; job {job.state} at round {job.round}: {self.events(job_id)[-12:]}"
+            raise AssertionError(why) from None
+
     def wait_end(self, job_id: str) -> JobDetail:
         return wait_for(lambda: (j := self.client.job(job_id)).state in TERMINAL and j, 300, "the job to end")
 
@@ -114,6 +127,7 @@ def _assert_sound(cluster: Cluster, job_id: str) -> JobDetail:
     assert job.round == job.rounds
     assert job.val_loss < job.initial_val_loss
     assert check_invariants(cluster.net.database) == []
+    assert [v.reason for v in cluster.client.verdicts(job_id) if v.guilty] == []  # every provider is honest
     return job
 
 
@@ -172,11 +186,7 @@ def test_a_node_frozen_past_its_lease_is_fenced_off_when_it_wakes(tmp_path, chao
         victim_id = next(o.node_id for o in cluster.client.offers() if o.name == victim)
         task = next(t for t in cluster.client.job(job_id).tasks if t.node_id == victim_id)
         net.pause_agent(victim)  # agent and task frozen mid-round: a suspended VM, a cut cable
-        wait_for(
-            lambda: next(t for t in cluster.client.job(job_id).tasks if t.id == task.id).epoch > task.epoch,
-            60,
-            "the frozen node's task to be leased elsewhere",
-        )
+        cluster.wait_released(job_id, task)
         time.sleep(chaos.rng.uniform(0.5, 3))
         net.resume_agent(victim)  # it wakes up believing it still holds the lease, and acts on it
         _assert_sound(cluster, job_id)

@@ -12,12 +12,13 @@ from gpuflex.train.drill import Drill
 from .helpers import tiny_spec
 
 
-def _honest(corpus):
+def _honest(corpus, **spec):
     spec = tiny_spec(
         rounds=2,
         inner_steps=4,
         verification={"trace_every": 2},
         compression={"method": "topk", "density": 0.1, "values": "int8", "error_decay": 0.9},
+        **spec,
     )
     drill = Drill(spec, corpus, [None, None])
     _, results = drill.round(0, lambda w, c: None)  # a round in: the AdamW moments are no longer zero
@@ -52,6 +53,16 @@ def test_a_changed_trace_a_foreign_state_and_a_wrong_seed_are_guilty(corpus):
         _audit(drill, j, result, 0, commitment=other_seed).guilty is False
     )  # the seed is the verifier's check
     assert _audit(drill, j, result, 0, blob=b"junk").guilty
+
+
+def test_a_time_budgeted_round_where_warm_up_ends_may_use_the_peak_lr(corpus):
+    # round 1 of 2 spans progress 0.5 to 1.0 and warm-up peaks at 0.6: its steps' lrs rise above both
+    # ends' (0.83 and 0.1 of the peak); a worker whose clock put a step there is honest
+    drill, j, result = _honest(corpus, warmup=0.6)
+    timed = drill.spec.model_copy(update={"round_seconds": 60.0})
+    claim = Claim(1, j.contribution.steps, result.commitment, 0, j.delta)
+    finding = audit(timed, drill.recipe, j.batches, claim, result.audit_state(0))
+    assert not finding.guilty, finding
 
 
 def test_another_hardware_class_is_judged_within_tolerance(corpus):

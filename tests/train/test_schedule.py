@@ -4,8 +4,10 @@ from itertools import pairwise
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gpuflex.train.schedule import FLOOR, lr_factor, lr_share, set_lr
+from gpuflex.train.schedule import FLOOR, lr_factor, lr_range, lr_share, set_lr
 
 from .helpers import tiny_spec
 
@@ -40,3 +42,21 @@ def test_half_a_rounds_steps_take_half_its_lr_only_where_the_lr_is_flat():
     assert lr_share(warming, 0, 8) == pytest.approx(1.0) and lr_share(warming, 0, 0) == 0.0
     flat = tiny_spec(rounds=60, inner_steps=8, lr_schedule="constant")
     assert lr_share(flat, 0, 4) == pytest.approx(0.5)
+
+
+@given(
+    rounds=st.integers(1, 50),
+    warmup=st.floats(0.0, 0.9),
+    round_=st.integers(0, 60),
+    share=st.floats(0.0, 1.0),
+)
+def test_every_lr_of_a_round_lies_in_its_range(rounds, warmup, round_, share):
+    spec = tiny_spec(rounds=rounds, lr_schedule="cosine", warmup=warmup)
+    least, greatest = lr_range(spec, round_)
+    assert least <= lr_factor(spec, (round_ + share) / rounds) <= greatest
+
+
+def test_the_round_where_warm_up_ends_reaches_the_peak_between_its_ends():
+    spec = tiny_spec(rounds=8, lr_schedule="cosine", warmup=0.04)  # round 0 spans progress 0 to 0.125
+    assert lr_range(spec, 0) == (pytest.approx(0.01), pytest.approx(1.0))
+    assert max(lr_factor(spec, 0.0), lr_factor(spec, 0.125)) < 0.99

@@ -56,7 +56,7 @@ from gpuflex.train.commitment import (
 )
 from gpuflex.train.compression import get_compressor, with_residual
 from gpuflex.train.recipes import Batch, Recipe, build_model
-from gpuflex.train.schedule import lr_factor
+from gpuflex.train.schedule import lr_factor, lr_range
 from gpuflex.train.worker import inner_optimizer, step
 
 TOLERANCE = 1e-3  # across hardware classes: relative L2 distance of the re-run end state to the uploaded one
@@ -225,8 +225,8 @@ def _learning_rates(
         if any(not math.isclose(a, b, rel_tol=LR_RTOL) for a, b in zip(schedule, claimed, strict=True)):
             return [], "its learning rates are not the schedule's"
         return schedule, None
-    ends = [spec.lr * lr_factor(spec, (round + share) / spec.rounds) for share in (0.0, 1.0)]
-    low, high = min(ends) * (1 - LR_RTOL), max(ends) * (1 + LR_RTOL)
+    least, greatest = lr_range(spec, round)
+    low, high = spec.lr * least * (1 - LR_RTOL), spec.lr * greatest * (1 + LR_RTOL)
     if any(not low <= lr <= high for lr in claimed):
         return [], "its learning rates are outside the schedule's range for the round"
     return claimed, None

@@ -28,6 +28,16 @@ def lr_factor(spec: TrainingSpec, progress: float) -> float:
     return FLOOR + (1 - FLOOR) * 0.5 * (1 + math.cos(math.pi * decay))
 
 
+def lr_range(spec: TrainingSpec, round: int) -> tuple[float, float]:
+    """The least and greatest factor anywhere in ``round``: a time-budgeted step may fall at any point
+    of it. The schedule rises, then falls, so the least is at an end of the round and the greatest at an
+    end or, in the round where warm-up ends, at the peak between them."""
+    start, end = round / spec.rounds, (round + 1) / spec.rounds
+    ends = [lr_factor(spec, start), lr_factor(spec, end)]
+    peak = [lr_factor(spec, spec.warmup)] if start <= spec.warmup <= end else []
+    return min(ends), max(ends + peak)
+
+
 def lr_share(spec: TrainingSpec, round: int, steps: int) -> float:
     """The share of a full round's learning-rate sum that its first ``steps`` steps take: a delta's norm
     grows with it, not with the steps (in warm-up, half a round's steps move the model a quarter as far)."""

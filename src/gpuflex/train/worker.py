@@ -58,6 +58,10 @@ if TYPE_CHECKING:
     from gpuflex.train.adversaries import Adversary
 
 GRAD_CLIP = 1.0  # max gradient norm of an inner step, as in nanoGPT: keeps early steps from blowing up
+# A worker joining a time-budgeted round with less than this share of its budget left sits it out: it
+# would get in a step or two from a fresh AdamW, whose first step moves every weight by the full lr
+# (such an honest one-step delta raised its own batch's loss from 0.85 to 1.33 in a chaos test)
+JOIN_MIN_SHARE = 0.25
 
 Params = dict[str, Tensor]
 
@@ -304,6 +308,9 @@ class _Loop:
 
     def run(self) -> None:
         state = self.wait(-1)
+        if state is not None and not state.finished and self._too_late_to_join(state):
+            self.transport.log(f"round {state.round} is {state.age_s:.1f}s old, too late to join: waiting")
+            state = self.wait(state.round)
         if state is None or state.finished:
             self.summary.finished = state is not None
             return
@@ -336,6 +343,10 @@ class _Loop:
             start, label, late_s = self.replica.global_params(), state.round, state.age_s
         self.settle()
         self.summary.finished = bool(state and state.finished)
+
+    def _too_late_to_join(self, state: RoundState) -> bool:
+        budget = self.replica.spec.round_seconds
+        return budget is not None and state.age_s > (1 - JOIN_MIN_SHARE) * budget
 
     def train(self, start: Params, label: int, late_s: float) -> RoundResult | None:
         """This round's result: honest training, or what the adversary this task plays makes of it."""

@@ -71,6 +71,7 @@ def test_a_two_worker_job_trains_to_the_end(database_url, tmp_path):
         assert job.state == "completed", [e.message for e in client.logs(job_id)][-10:]
         assert job.round == 3
         assert job.val_loss < job.initial_val_loss
+        assert [v.reason for v in job.verdicts if v.guilty] == []  # every provider is honest
         assert {t.role for t in job.tasks if t.node_id} == {"aggregator", "worker"}
         model = build_model(spec.training)
         assert load_model(model, client.checkpoint(job_id))["round"] == 3

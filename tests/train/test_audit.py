@@ -3,6 +3,7 @@ guilty, with evidence."""
 
 import dataclasses
 
+import pytest
 import torch
 
 from gpuflex.train.audit import TOLERANCE, Claim, audit
@@ -12,16 +13,19 @@ from gpuflex.train.drill import Drill
 from .helpers import tiny_spec
 
 
-def _honest(corpus, **spec):
+@pytest.fixture(scope="module")
+def honest(corpus):
+    """A worker's round 1 of 2, trained honestly (a round in: the AdamW moments are no longer zero).
+    Warm-up peaks at progress 0.6, inside round 1 (0.5 to 1.0)."""
     spec = tiny_spec(
         rounds=2,
         inner_steps=4,
+        warmup=0.6,
         verification={"trace_every": 2},
         compression={"method": "topk", "density": 0.1, "values": "int8", "error_decay": 0.9},
-        **spec,
     )
     drill = Drill(spec, corpus, [None, None])
-    _, results = drill.round(0, lambda w, c: None)  # a round in: the AdamW moments are no longer zero
+    drill.round(0, lambda w, c: None)
     judged, results = drill.round(1, lambda w, c: None)
     return drill, judged[0], results[0]
 
@@ -31,16 +35,16 @@ def _audit(drill, j, result, segment, blob=None, commitment=None, delta=None):
     return audit(drill.spec, drill.recipe, j.batches, claim, blob or result.audit_state(segment))
 
 
-def test_each_honest_segment_reruns_to_its_trace(corpus):
-    drill, j, result = _honest(corpus)
+def test_each_honest_segment_reruns_to_its_trace(honest):
+    drill, j, result = honest
     for segment in range(2):
         finding = _audit(drill, j, result, segment)
         assert not finding.guilty, finding
         assert finding.evidence["expected"] == finding.evidence["got"] and finding.compute_s > 0
 
 
-def test_a_changed_trace_a_foreign_state_and_a_wrong_seed_are_guilty(corpus):
-    drill, j, result = _honest(corpus)
+def test_a_changed_trace_a_foreign_state_and_a_wrong_seed_are_guilty(honest):
+    drill, j, result = honest
     c = result.commitment
     forged = c.model_copy(update={"trace": ["0" * 16, *c.trace[1:]]})
     finding = _audit(drill, j, result, 0, commitment=forged)
@@ -55,18 +59,18 @@ def test_a_changed_trace_a_foreign_state_and_a_wrong_seed_are_guilty(corpus):
     assert _audit(drill, j, result, 0, blob=b"junk").guilty
 
 
-def test_a_time_budgeted_round_where_warm_up_ends_may_use_the_peak_lr(corpus):
-    # round 1 of 2 spans progress 0.5 to 1.0 and warm-up peaks at 0.6: its steps' lrs rise above both
-    # ends' (0.83 and 0.1 of the peak); a worker whose clock put a step there is honest
-    drill, j, result = _honest(corpus, warmup=0.6)
+def test_a_time_budgeted_round_where_warm_up_ends_may_use_the_peak_lr(honest):
+    # the lrs of round 1's steps rise above those at both its ends (0.83 and 0.1 of the peak); a worker
+    # whose clock put a step near the peak is honest
+    drill, j, result = honest
     timed = drill.spec.model_copy(update={"round_seconds": 60.0})
     claim = Claim(1, j.contribution.steps, result.commitment, 0, j.delta)
     finding = audit(timed, drill.recipe, j.batches, claim, result.audit_state(0))
     assert not finding.guilty, finding
 
 
-def test_another_hardware_class_is_judged_within_tolerance(corpus):
-    drill, j, result = _honest(corpus)
+def test_another_hardware_class_is_judged_within_tolerance(honest):
+    drill, j, result = honest
     elsewhere = result.commitment.model_copy(update={"device": "cuda:8.0"})
     assert not _audit(drill, j, result, 1, commitment=elsewhere).guilty
     state = AuditState.from_bytes(result.audit_state(0))  # not the last segment: its end is not final
@@ -81,8 +85,8 @@ def test_another_hardware_class_is_judged_within_tolerance(corpus):
     )
 
 
-def test_a_delta_other_than_its_training_compressed_is_guilty_naming_the_binding(corpus):
-    drill, j, result = _honest(corpus)
+def test_a_delta_other_than_its_training_compressed_is_guilty_naming_the_binding(honest):
+    drill, j, result = honest
     scaled = {n: 1.01 * t for n, t in j.delta.items()}
     for segment in range(2):
         finding = _audit(drill, j, result, segment, delta=scaled)

@@ -47,6 +47,7 @@ def test_the_demo_trains_reports_catches_its_cheater_and_cleans_up(tmp_path):
     assert verdict, out
     assert set(re.findall(r"verdict: (\S+) \(\S+\) guilty", out)) == {"cheater-1"}, out  # no honest one
     assert re.search(r"worker \d on \S+ was found cheating; re-leasing", out), out
-    assert re.search(r"worker \d leased to community-3", out), out
+    # to the spare: which community provider that is depends on the benchmarks' ranking
+    assert re.search(r"found cheating; re-leasing\nworker \d leased to community-\d", out), out
     assert "ledger:" in out and "chain verified" in out
     assert _processes_mentioning(str(data_dir)) == []

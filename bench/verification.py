@@ -10,10 +10,11 @@ deltas (they collude, the strongest case), every contribution is judged (nobody 
 counts), and the audit draw is uniform with ``audit_rate`` as the coordinator's.
 
 Honest workers include a late one (half the steps, claimed as such) and run on heterogeneous shards
-(the standard library's source, one contiguous shard each) with compressed updates. One more honest
-job runs long past its loss plateau (the integration tests' small job on word-salad text, 60 rounds),
-where a noisy screen would convict honest workers; its contributions count in the false positives
-(not in the extra compute: its 8-step rounds are no measure of it). A second pair of
+(the standard library's source, one contiguous shard each) with compressed updates. Two more honest
+jobs run on the integration tests' word-salad text: one long past its loss plateau (60 rounds), where a
+noisy screen would convict honest workers, and one with time-budgeted rounds, every contribution
+audited, whose warm-up ends inside a round; their contributions count in the false positives (not in
+the extra compute: their short rounds are no measure of it). A second pair of
 jobs trains with 20% ALIE workers and without adversaries, and compares their final validation loss; they
 run at the default audit rate (0.05), so most ALIE contributions go unaudited and only the clipping
 bounds them (audited, ALIE is convicted: the audit binds the delta to the trace).
@@ -189,16 +190,24 @@ def _count(
             detected[i] = round - first_cheat[i] + 1
 
 
-def plateau_job(rounds: int) -> Tally:
-    """Honest workers long past their loss plateau: the integration tests' job on their word-salad text.
-    One batch's loss gain is noise there (an early screen convicted 5 of 120 such contributions)."""
+def word_salad_jobs(plateau_rounds: int) -> Tally:
+    """Honest jobs on the integration tests' word-salad text, where early screens convicted honest workers.
+
+    One runs long past its loss plateau (8-step rounds): one batch's loss gain is noise there (a screen
+    convicted 5 of 120 such contributions). One has time-budgeted rounds, as the chaos tests' jobs, all
+    audited: warm-up ends inside its round 0, whose steps' learning rates rise above those at both of the
+    round's ends (an audit that checked them against the ends convicted honest workers).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         write_corpus(data)
         corpus = b"".join(p.read_bytes() for p in sorted(data.iterdir()))
-        spec = small_job(data, workers=4, rounds=rounds, inner_steps=8, batch_size=8).training
-    tally = Tally()  # counted apart: an 8-step round says nothing of the extra compute of real rounds
-    run_job([None, None, None, LATE], spec, corpus, tally, seed=0)
+        plateau = small_job(data, workers=4, rounds=plateau_rounds, inner_steps=8, batch_size=8).training
+        budgeted = small_job(data, workers=3, rounds=8, inner_steps=1000, round_seconds=0.5).training
+    audit_all = budgeted.verification.model_copy(update={"audit_rate": 1.0})
+    tally = Tally()  # counted apart: these short rounds say nothing of the extra compute of real ones
+    run_job([None, None, None, LATE], plateau, corpus, tally, seed=0)
+    run_job([None] * 3, budgeted.model_copy(update={"verification": audit_all}), corpus, tally, seed=0)
     return tally
 
 
@@ -220,9 +229,9 @@ def main() -> None:
         for group in (kinds[:7], kinds[7:]):
             honest: list[str | None] = [None] * (len(group) - 1) + [LATE]
             run_job([*honest, *group], spec_for(args, rounds), corpus, tally, seed=job)
-    plateau = plateau_job(60 if not args.quick else 30)
-    tally.honest += plateau.honest
-    tally.false_positives += plateau.false_positives
+    salad = word_salad_jobs(60 if not args.quick else 30)
+    tally.honest += salad.honest
+    tally.false_positives += salad.false_positives
     # at the job's default audit rate: most ALIE rounds go unaudited, and only the clipping bounds them
     alie_spec = spec_for(args, 6 if args.quick else 12, audit_rate=DEFAULT_RATE)
     clean = run_job([None] * 10, alie_spec, corpus, None, seed=0)
@@ -241,7 +250,7 @@ def main() -> None:
         "false_positive_rate": tally.false_positives / max(tally.honest, 1),
         "false_positive_ci95": clopper_pearson(tally.false_positives, tally.honest),
         "honest_contributions": tally.honest,
-        "honest_past_plateau": plateau.honest,
+        "honest_on_word_salad": salad.honest,  # past the plateau, and in time-budgeted rounds
         "extra_compute": round(tally.verify_s / tally.train_s, 4),
         "audit_rate": args.audit_rate,
         "extra_compute_at_default_rate": round(

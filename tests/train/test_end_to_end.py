@@ -8,7 +8,6 @@ import torch
 
 from gpuflex.errors import BadRequest, ServiceError
 from gpuflex.protocol.messages import ContributionReceipt, ContributionSubmit
-from gpuflex.testing import wait_for
 from gpuflex.train.aggregator import run_aggregator
 from gpuflex.train.checkpoint import sha256
 from gpuflex.train.compression import get_compressor
@@ -168,8 +167,7 @@ def test_a_stale_worker_drops_its_contribution_and_joins_the_next_round(corpus):
 
 
 class _JoinedLate(LocalTransport):
-    """Fault injector: round 0 is a minute old when the worker first looks; each contribution closes
-    its round."""
+    """Fault injector: round 0 is a minute old when the worker looks; each contribution closes its round."""
 
     publisher: Publisher
 
@@ -185,18 +183,14 @@ class _JoinedLate(LocalTransport):
         return accepted
 
 
-def test_a_worker_joining_a_round_past_its_time_budget_sits_it_out(corpus):
-    spec = tiny_spec(rounds=2, inner_steps=100_000, round_seconds=0.3)
+def test_a_worker_joining_a_round_past_its_time_budget_still_trains_a_share_of_it(corpus):
+    spec = tiny_spec(rounds=1, inner_steps=100_000, round_seconds=1.0)
     transport = _JoinedLate(spec.rounds, live_workers=1)
     transport.publisher = Publisher(transport, spec)
     dataset = transport.put_blob(corpus)
-    config = task_config(spec, dataset, "worker", 0, 1)
-    worker = ThreadPoolExecutor(1).submit(run_worker, config, transport, poll_interval_s=POLL)
-    wait_for(lambda: any("too late to join" in m for _, m in transport.logs()), TIMEOUT, "it to sit out")
-    transport.publisher.next_round()  # round 1 opens; its budget is whole
-    summary = worker.result(timeout=TIMEOUT)
-    assert summary.contributed == [1] and summary.stale == [] and summary.finished
-    assert transport.contributions(1).contributions[0].steps > 1
+    summary = run_worker(task_config(spec, dataset, "worker", 0, 1), transport, poll_interval_s=POLL)
+    assert summary.contributed == [0] and summary.finished
+    assert transport.contributions(0).contributions[0].steps > 1  # not one step of a fresh AdamW
 
 
 def test_a_stale_contribution_leaves_no_error_feedback_residual(corpus):

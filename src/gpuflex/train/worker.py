@@ -58,10 +58,12 @@ if TYPE_CHECKING:
     from gpuflex.train.adversaries import Adversary
 
 GRAD_CLIP = 1.0  # max gradient norm of an inner step, as in nanoGPT: keeps early steps from blowing up
-# A worker joining a time-budgeted round with less than this share of its budget left sits it out: it
-# would get in a step or two from a fresh AdamW, whose first step moves every weight by the full lr
-# (such an honest one-step delta raised its own batch's loss from 0.85 to 1.33 in a chaos test)
-JOIN_MIN_SHARE = 0.25
+# A worker that starts a time-budgeted round late trains what is left of it, but at least this share of
+# the budget: a replacement joining past the budget got in one step from a fresh AdamW (which moves every
+# weight by the whole lr), and in a chaos test such an honest delta raised its own batch's loss from 0.85
+# to 1.33 and was convicted. (Sitting the round out instead stalls it: the aggregator waits for a worker
+# whose lease predates the round until the round's timeout.)
+LATE_MIN_SHARE = 0.25
 
 Params = dict[str, Tensor]
 
@@ -173,10 +175,13 @@ class Replica:
         """Inner steps from ``start``: ``inner_steps`` of them, or as many as fit in ``round_seconds``.
 
         ``late_s``: how long ago the round began (it was published). A time-budgeted worker that joins
-        or catches up late trains only for the rest of the round, so it does not hold the round up.
+        or catches up late trains only for the rest of the round, so it does not hold the round up, but
+        at least ``LATE_MIN_SHARE`` of it.
         ``steps``, ``seed`` (of the batches) and ``precision`` (autocast dtype) override what the job
         assigns: only ``adversaries`` use them, to shirk.
         """
+        if self.spec.round_seconds is not None:
+            late_s = min(late_s, (1 - LATE_MIN_SHARE) * self.spec.round_seconds)
         began = time.monotonic() - late_s
         rank = self.group.rank if self.group else 0
         if rank == 0 and self.group:
@@ -308,9 +313,6 @@ class _Loop:
 
     def run(self) -> None:
         state = self.wait(-1)
-        if state is not None and not state.finished and self._too_late_to_join(state):
-            self.transport.log(f"round {state.round} is {state.age_s:.1f}s old, too late to join: waiting")
-            state = self.wait(state.round)
         if state is None or state.finished:
             self.summary.finished = state is not None
             return
@@ -343,10 +345,6 @@ class _Loop:
             start, label, late_s = self.replica.global_params(), state.round, state.age_s
         self.settle()
         self.summary.finished = bool(state and state.finished)
-
-    def _too_late_to_join(self, state: RoundState) -> bool:
-        budget = self.replica.spec.round_seconds
-        return budget is not None and state.age_s > (1 - JOIN_MIN_SHARE) * budget
 
     def train(self, start: Params, label: int, late_s: float) -> RoundResult | None:
         """This round's result: honest training, or what the adversary this task plays makes of it."""

@@ -28,7 +28,7 @@ from gpuflex.protocol.spec import JobSpec
 NodeKind = Literal["core", "community"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a simulation holds hundreds of thousands of offers
 class NodeOffer:
     node_id: str
     name: str
@@ -143,12 +143,21 @@ def unmet(offer: NodeOffer, req: Requirements) -> list[str]:
 
 def qualifies(offer: NodeOffer, req: Requirements) -> bool:
     """Whether ``offer`` may host a worker of this job: ``unmet`` is empty (stops at the first reason)."""
-    return not any(check(offer, req) for check in _WORKER_CHECKS)
+    return _passes(offer, req, _WORKER_CHECKS)
 
 
 def can_aggregate(offer: NodeOffer, req: Requirements) -> bool:
     """Whether ``offer`` may host this job's aggregator: a core node within the price cap and region."""
-    return offer.kind == "core" and not any(check(offer, req) for check in _AGGREGATOR_CHECKS)
+    return offer.kind == "core" and _passes(offer, req, _AGGREGATOR_CHECKS)
+
+
+def _passes(offer: NodeOffer, req: Requirements, checks: tuple[Check, ...]) -> bool:
+    """No check finds a reason against ``offer``. A loop, twice as fast as ``all()`` over a generator:
+    placement asks it of every offer."""
+    for check in checks:  # noqa: SIM110
+        if check(offer, req):
+            return False
+    return True
 
 
 def cost_per_useful_tflop(offer: NodeOffer) -> float:

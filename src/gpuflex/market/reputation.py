@@ -60,13 +60,13 @@ class Record:
         audits_failed: int,
     ) -> Record:
         """From raw counts: seconds registered and not left, and how many leases ended in each state."""
-        return cls(
-            heartbeats=heartbeats,
-            expected_heartbeats=max(present_s, 0.0) / heartbeat_interval_s,
-            good_leases=sum(lease_ends.get(s, 0) for s in GOOD_LEASE_ENDS),
-            bad_leases=sum(lease_ends.get(s, 0) for s in BAD_LEASE_ENDS),
-            audits_passed=audits_passed,
-            audits_failed=audits_failed,
+        return cls(  # by position, which is faster: the simulator builds one whenever a node becomes free
+            heartbeats,
+            max(present_s, 0.0) / heartbeat_interval_s,
+            sum(lease_ends.get(s, 0) for s in GOOD_LEASE_ENDS),
+            sum(lease_ends.get(s, 0) for s in BAD_LEASE_ENDS),
+            audits_passed,
+            audits_failed,
         )
 
 
@@ -83,15 +83,21 @@ class Reputation:
 
 def reputation(r: Record) -> Reputation:
     """The three factors of ``r``'s score (module docstring)."""
+    return Reputation(*_factors(r))
+
+
+def score(r: Record) -> float:
+    """The node's reliability in [0, 1]: ``reputation(r).score``, without building the ``Reputation``."""
+    uptime, completion, audit = _factors(r)
+    return uptime * completion * audit
+
+
+def _factors(r: Record) -> tuple[float, float, float]:
+    """Uptime, completion and audit."""
     up, down = UPTIME_PRIOR
     expected = max(r.expected_heartbeats, 0.0)
     uptime = (min(r.heartbeats, expected) + up) / (expected + up + down)
     good, bad = COMPLETION_PRIOR
     completion = (r.good_leases + good) / (r.good_leases + r.bad_leases + good + bad)
     audit = (r.audits_passed + 1) / (r.audits_passed + 1 + AUDIT_FAILURE_WEIGHT * r.audits_failed)
-    return Reputation(uptime, completion, audit)
-
-
-def score(r: Record) -> float:
-    """The node's reliability in [0, 1]."""
-    return reputation(r).score
+    return uptime, completion, audit

@@ -35,6 +35,7 @@ import bisect
 import heapq
 import itertools
 import math
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -59,8 +60,10 @@ from gpuflex.sim.population import Churn, Population
 from gpuflex.sim.scenario import Scenario
 
 UP, DOWN, NOTICED, ARRIVE, ROUND, PLACE, SAMPLE, FAULT = range(8)
+WINDOW_S = 60.0  # the event heap holds one window of time; later events wait in one list per window
 AGGREGATOR, WORKERS = 1, 2  # what a waiting job lacks (bits of ``Job.queued``)
 NO_JOB = -1
+GONE = -1.0  # ``online_since`` of a node that said goodbye (presence is counted again when it is back)
 
 
 @dataclass(frozen=True)
@@ -152,24 +155,27 @@ class Simulation:
         for spec, c in zip(self.templates, self.template_class, strict=True):
             auction[c] = auction[c] or spec.pricing == "auction"
         self.index = CandidateIndex(self.pop, self.requirements, auction)
+        # Per node, in flat arrays of bytes, 64-bit ints and doubles: at a million nodes a list's boxed
+        # values lie scattered over memory and most lookups miss the cache.
         n = self.pop.n
-        self.online = [False] * n
-        self.busy_job = [NO_JOB] * n
-        self.session = [0] * n
-        self.session_start = [0.0] * n
-        self.last_beat = [0.0] * n
-        self.beats = [0] * n
-        self.presence_s = [0.0] * n
-        self.online_since: list[float | None] = [None] * n
-        self.good = [0] * n
-        self.bad = [0] * n
-        self.granted_at = [0.0] * n
-        self.price_micro = [0] * n
-        self.tflops = self.pop.tflops.tolist()
-        self.bandwidth = self.pop.bandwidth.tolist()
-        self.latency = self.pop.latency_s.tolist()
-        self.price = self.pop.price.tolist()
-        self.utc_offset = self.pop.utc_offset_h.tolist()
+        self.online = bytearray(n)
+        self.busy_job = array("q", [NO_JOB]) * n
+        self.session = array("q", [0]) * n
+        self.session_start = array("d", [0.0]) * n
+        self.last_beat = array("d", [0.0]) * n
+        self.beats = array("q", [0]) * n
+        self.presence_s = array("d", [0.0]) * n
+        self.online_since = array("d", [GONE]) * n
+        self.good = array("q", [0]) * n
+        self.bad = array("q", [0]) * n
+        self.granted_at = array("d", [0.0]) * n
+        self.price_micro = array("q", [0]) * n
+        self.tflops = array("d", self.pop.tflops.tolist())
+        self.bandwidth = array("d", self.pop.bandwidth.tolist())
+        self.latency = array("d", self.pop.latency_s.tolist())
+        self.ask_micro = array("q", [to_micro(p) for p in self.pop.price.tolist()])
+        self.utc_offset = array("d", self.pop.utc_offset_h.tolist())
+        self.budget_micro = [to_micro(s.budget) for s in self.templates]
         self.jobs: list[Job] = []
         # per requirement class, two heaps of job ids (placed in id order): jobs that lack an
         # aggregator, jobs that lack workers
@@ -178,10 +184,15 @@ class Simulation:
         self.no_workers: set[int] = set()  # classes whose worker pools ran dry
         self.no_aggregator: set[int] = set()  # classes with no aggregator left
         self.n_online = self.n_busy = self.n_running = 0
+        self._interval = (-1, 0.0)  # (fleet online, heartbeat interval): ``_interval_s``
         self.count = Counters()
         self.samples: list[Sample] = []
         self.now = 0.0
-        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._heap: list[tuple[float, int, int, int, int]] = []  # this window's events
+        self._later: list[list[tuple[float, int, int, int, int]]] = [
+            [] for _ in range(int(self.horizon // WINDOW_S) + 1)
+        ]
+        self._window = 0
         self._seq = 0
         self._place_at: float | None = None
         self._arrivals = arrivals
@@ -193,32 +204,60 @@ class Simulation:
     @property
     def rules(self) -> Liveness:
         """The heartbeat rules now: the base interval stretched to the fleet online, as the coordinator's."""
-        net = self.scenario.network
-        interval_s = fleet_interval_s(net.heartbeat_interval_s, self.n_online, net.heartbeat_max_rate_per_s)
-        return Liveness(interval_s, net.heartbeat_misses)
+        return Liveness(self._interval_s(), self.scenario.network.heartbeat_misses)
+
+    def _interval_s(self) -> float:
+        """``rules.interval_s``, without building the rules, and kept while the fleet online stays the
+        same size (reliability reads it whenever a node is freed)."""
+        if self._interval[0] != self.n_online:
+            net = self.scenario.network
+            beat_s, max_rate = net.heartbeat_interval_s, net.heartbeat_max_rate_per_s
+            self._interval = (self.n_online, fleet_interval_s(beat_s, self.n_online, max_rate))
+        return self._interval[1]
 
     # -- the loop ---------------------------------------------------------------------------------
 
     def _at(self, t: float, kind: int, a: int = 0, b: int = 0) -> None:
+        """Schedule an event: into the heap if it falls in the window being run, else into its window's
+        list (a heap of one window is small enough to stay in cache; a heap of every node's next event
+        is not). An event past the horizon would never run: it is dropped."""
+        if t > self.horizon:
+            return
         self._seq += 1
-        heapq.heappush(self._heap, (t, self._seq, kind, a, b))
+        event, window = (t, self._seq, kind, a, b), int(t // WINDOW_S)
+        if window <= self._window:
+            heapq.heappush(self._heap, event)
+        else:
+            self._later[window].append(event)
+
+    def _next_window(self) -> bool:
+        """The heap ran dry: it takes the next window's events (all later than any so far, since a
+        window is a range of time); False when none are left."""
+        while self._window + 1 < len(self._later):
+            self._window += 1
+            events, self._later[self._window] = self._later[self._window], []
+            if events:
+                self._heap.extend(events)
+                heapq.heapify(self._heap)
+                return True
+        return False
 
     def run(self, progress: Callable[[float], None] | None = None) -> Simulation:
         self._start()
-        handlers = {
-            UP: self._up,
-            DOWN: self._down,
-            NOTICED: self._noticed,
-            ARRIVE: self._arrive,
-            ROUND: self._round_done,
-            PLACE: self._place,
-            SAMPLE: self._sample,
-            FAULT: self._fault,
-        }
-        heap, horizon = self._heap, self.horizon
+        handlers = (  # by kind
+            self._up,
+            self._down,
+            self._noticed,
+            self._arrive,
+            self._round_done,
+            self._place,
+            self._sample,
+            self._fault,
+        )
+        heap, pop = self._heap, heapq.heappop
         next_progress = 0.0
-        while heap and heap[0][0] <= horizon:
-            t, _, kind, a, b = heapq.heappop(heap)
+        while heap or self._next_window():
+            t, _, kind, a, b = pop(heap)
             assert t >= self.now, f"event at {t} after {self.now}: time runs one way"
             self.now = t
             self.count.events += 1
@@ -226,7 +265,7 @@ class Simulation:
             if progress is not None and t >= next_progress:
                 progress(t)
                 next_progress = t + 600
-        self.now = horizon
+        self.now = self.horizon
         for job in self.jobs:  # the rounds of stretches still in flight that are over by now
             if job.state == "running":
                 self._interrupt(job)
@@ -263,7 +302,7 @@ class Simulation:
         self.n_online += 1
         self.session[i] += 1
         self.session_start[i] = self.now
-        if self.online_since[i] is None:
+        if self.online_since[i] == GONE:
             self.online_since[i] = self.now
         self._free(i)
         if session_s == -1.0:
@@ -281,16 +320,16 @@ class Simulation:
         self.n_online -= 1
         self.session[i] += 1
         self.index.remove(i)
-        rules = self.rules
-        last = last_beat_before(self.now, self.session_start[i], rules.interval_s)
+        interval_s = self._interval_s()
+        last = last_beat_before(self.now, self.session_start[i], interval_s)
         self.last_beat[i] = last
-        self.beats[i] += round((last - self.session_start[i]) / rules.interval_s) + 1
+        self.beats[i] += round((last - self.session_start[i]) / interval_s) + 1
         if crash and self.busy_job[i] != NO_JOB:  # silent: the coordinator learns it from missed beats
             net = self.scenario.network
             seen = noticed_at(
                 self.now,
                 self.session_start[i],
-                rules,
+                self.rules,
                 lease_ttl_s=net.lease_ttl_s,
                 reaper_interval_s=net.reaper_interval_s,
             )
@@ -299,7 +338,7 @@ class Simulation:
             if self.busy_job[i] != NO_JOB:
                 self._end_lease(i, "released", self.now)
             self.presence_s[i] += self.now - self.online_since[i]
-            self.online_since[i] = None
+            self.online_since[i] = GONE
         if back:
             self._at(self.now + self.churn.offline_s(self.now, self.utc_offset[i]), UP, i)
 
@@ -324,9 +363,9 @@ class Simulation:
 
     def reliability(self, i: int) -> float:
         present = self.presence_s[i]
-        if self.online_since[i] is not None:
+        if self.online_since[i] != GONE:
             present += self.now - self.online_since[i]
-        beats, interval_s = self.beats[i], self.rules.interval_s
+        beats, interval_s = self.beats[i], self._interval_s()
         if self.online[i]:
             beats += int((self.now - self.session_start[i]) / interval_s) + 1
         record = reputation.Record.of(
@@ -357,7 +396,7 @@ class Simulation:
         self.granted_at[i] = self.now
         role = "aggregator" if task == 0 else "worker"
         clearing = None if job.clearing is None else to_micro(job.clearing)
-        self.price_micro[i] = lease_price(role, to_micro(self.price[i]), clearing)
+        self.price_micro[i] = lease_price(role, self.ask_micro[i], clearing)
         self._interrupt(job)
         job.members_changed = True
         job.rate_micro += self.price_micro[i]
@@ -532,7 +571,7 @@ class Simulation:
             job.members_changed = False
         rounds = job.spec.training.rounds - job.rounds_done
         if job.rate_micro > 0:
-            budget_left = to_micro(job.spec.budget) - job.cost_micro - self._live_cost_bound(job)
+            budget_left = self.budget_micro[job.template] - job.cost_micro - self._live_cost_bound(job)
             per_round = job.rate_micro * job.round_s / 3600
             rounds = min(rounds, max(1, math.floor(budget_left / per_round)))
         if self._faults and (fault_round := self._next_fault_round(job)) is not None:
@@ -560,8 +599,8 @@ class Simulation:
         """``rounds`` rounds published, each with the members present since the stretch began."""
         if not self.online[job.aggregator]:  # died, not yet noticed: nothing is published
             return
-        start = job.round_started
-        contributors = sum(1 for i in job.workers if self.online[i] and self.granted_at[i] <= start)
+        start, online, granted_at = job.round_started, self.online, self.granted_at
+        contributors = len([i for i in job.workers if online[i] and granted_at[i] <= start])
         if contributors:
             before = job.rounds_done
             job.rounds_done += rounds
@@ -575,9 +614,9 @@ class Simulation:
         members = list(job.workers)
         agg = job.aggregator
         spec = job.spec.training
-        slowest = min(self.tflops[i] for i in members)
-        link = min(min(self.bandwidth[i] for i in members), self.bandwidth[agg] / len(members))
-        latency = max(self.latency[i] for i in members) + self.latency[agg]
+        slowest = min(map(self.tflops.__getitem__, members))
+        link = min(min(map(self.bandwidth.__getitem__, members)), self.bandwidth[agg] / len(members))
+        latency = max(map(self.latency.__getitem__, members)) + self.latency[agg]
         return round_seconds(
             spec,
             step_seconds(spec, slowest),
@@ -604,14 +643,14 @@ class Simulation:
     def _live_cost_bound(self, job: Job) -> float:
         """At least what the job's live leases have cost so far: their summed rates since the oldest."""
         live = [job.aggregator, *job.workers] if job.aggregator != NO_JOB else list(job.workers)
-        oldest = min((self.granted_at[i] for i in live), default=self.now)
+        oldest = min(map(self.granted_at.__getitem__, live), default=self.now)
         return job.rate_micro * (self.now - oldest) / 3600
 
     def _over_budget(self, job: Job) -> bool:
         """Has the job spent its budget (``jobs.enforce_limits``)? Metered lease by lease only when the
         bound below says it might have: the live leases cost at most their summed rates since the
         oldest grant."""
-        budget = to_micro(job.spec.budget)
+        budget = self.budget_micro[job.template]
         if job.cost_micro + self._live_cost_bound(job) < budget:
             return False
         live = [job.aggregator, *job.workers] if job.aggregator != NO_JOB else list(job.workers)

@@ -16,6 +16,7 @@ dropped when they surface (or when the heaps are compacted).
 from __future__ import annotations
 
 import heapq
+from array import array
 from dataclasses import dataclass
 
 from gpuflex.market.matching import (
@@ -56,10 +57,12 @@ class CandidateIndex:
         self.asks_community: list[list[Entry]] = [[] for _ in range(n_classes)]
         self.asks_core: list[list[Entry]] = [[] for _ in range(n_classes)]
         self.aggregators: list[list[Entry]] = [[] for _ in range(n_classes)]
-        self.price = pop.price.tolist()
-        self.version = [0] * pop.n
-        self.free = [False] * pop.n
-        self.offers: dict[int, NodeOffer] = {}  # the free nodes' offers, as they were put on offer
+        # per node, flat (as the engine's: ``Simulation.__init__``)
+        self.price = array("d", pop.price.tolist())
+        self.profile = array("q", pop.profile.tolist())
+        self.version = array("q", [0]) * pop.n
+        self.free = bytearray(pop.n)
+        self.offers: list[NodeOffer | None] = [None] * pop.n  # the free nodes', as they were put on offer
         self.n_free = 0
         self._pushed = 0
         # classes whose pools gained a node since the engine last looked: worth another placement try
@@ -77,22 +80,25 @@ class CandidateIndex:
         self.n_free += 1
         version = self.version[i]
         offer = self.offers[i] = self.pop.offer(i, reliability=reliability)
-        profile = self.pop.profile[i]
+        profile = self.profile[i]
         core = i < self.pop.n_core
+        heaps, asks = (self.core, self.asks_core) if core else (self.community, self.asks_community)
         entry = (*worker_rank(offer), i, version)
         ask = None
-        self.gained_workers.update(self.worker_classes[profile])
-        self.gained_aggregators.update(self.aggregator_classes[profile])
-        for c in self.worker_classes[profile]:
-            heapq.heappush((self.core if core else self.community)[c], entry)
+        classes = self.worker_classes[profile]
+        self.gained_workers.update(classes)
+        for c in classes:
+            heapq.heappush(heaps[c], entry)
             if self.auction[c]:
                 if ask is None:
                     rank = ask_rank(Ask(offer.node_id, offer.price_per_hour, cost_per_useful_tflop(offer)))
                     ask = (*rank, i, version)
-                heapq.heappush((self.asks_core if core else self.asks_community)[c], ask)
-        aggregator = (*aggregator_rank(offer), i, version)
-        for c in self.aggregator_classes[profile]:
-            heapq.heappush(self.aggregators[c], aggregator)
+                heapq.heappush(asks[c], ask)
+        if classes := self.aggregator_classes[profile]:
+            self.gained_aggregators.update(classes)
+            aggregator = (*aggregator_rank(offer), i, version)
+            for c in classes:
+                heapq.heappush(self.aggregators[c], aggregator)
         self._pushed += 1
         if self._pushed > self.pop.n + 1000:
             self._compact()
@@ -103,7 +109,7 @@ class CandidateIndex:
             self.free[i] = False
             self.n_free -= 1
             self.version[i] += 1
-            del self.offers[i]
+            self.offers[i] = None
 
     def _valid(self, entry: Entry) -> bool:
         i, version = entry[-2], entry[-1]

@@ -61,7 +61,7 @@ GRAD_CLIP = 1.0  # max gradient norm of an inner step, as in nanoGPT: keeps earl
 # A worker that starts a time-budgeted round late trains what is left of it, but at least this share of
 # the budget: a replacement joining past the budget got in one step from a fresh AdamW (which moves every
 # weight by the whole lr), and in a chaos test such an honest delta raised its own batch's loss from 0.85
-# to 1.33 and was convicted. (Sitting the round out instead stalls it: the aggregator waits for a worker
+# to 1.32 and was convicted. (Sitting the round out instead stalls it: the aggregator waits for a worker
 # whose lease predates the round until the round's timeout.)
 LATE_MIN_SHARE = 0.25
 

@@ -36,6 +36,12 @@ def test_every_job_is_accounted_for_and_no_node_is_leased_twice(make_scenario, s
             assert not job.workers and job.aggregator == NO_JOB  # a finished job holds nothing
     held = _holders(sim)
     assert {i for i in range(sim.pop.n) if sim.busy_job[i] != NO_JOB} == set(held)
+    for job in sim.jobs:  # what each job keeps of its members matches its members
+        assert set(job.granted_at) == {i for i, j in held.items() if j == job.id}
+        assert (
+            set(job.worker_tflops) == set(job.worker_bandwidth) == set(job.worker_latency) == set(job.workers)
+        )
+        assert job.workers_down == sum(not sim.online[i] for i in job.workers)
     assert all(sim.busy_job[i] == job for i, job in held.items())
     assert sim.n_busy == len(held) and sim.n_online == sum(sim.online)
     times = [s.t for s in sim.samples]

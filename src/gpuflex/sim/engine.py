@@ -87,6 +87,14 @@ class Job:
     pending: list[int]  # worker tasks waiting for a node
     aggregator: int = NO_JOB  # node
     workers: dict[int, int] = field(default_factory=dict)  # node -> task
+    granted_at: dict[int, float] = field(default_factory=dict)  # node -> when, of each live lease
+    last_worker_grant: float = -math.inf  # the latest grant of a worker lease, live or not
+    workers_down: int = 0  # workers that died and are not yet noticed
+    # what the round time reads of each worker, kept with the job: looking them up in the per-node
+    # arrays at every change of members costs more than keeping them
+    worker_tflops: dict[int, float] = field(default_factory=dict)
+    worker_bandwidth: dict[int, float] = field(default_factory=dict)
+    worker_latency: dict[int, float] = field(default_factory=dict)
     core_workers: int = 0
     clearing: float | None = None
     rounds_done: int = 0
@@ -168,7 +176,6 @@ class Simulation:
         self.online_since = array("d", [GONE]) * n
         self.good = array("q", [0]) * n
         self.bad = array("q", [0]) * n
-        self.granted_at = array("d", [0.0]) * n
         self.price_micro = array("q", [0]) * n
         self.tflops = array("d", self.pop.tflops.tolist())
         self.bandwidth = array("d", self.pop.bandwidth.tolist())
@@ -315,7 +322,9 @@ class Simulation:
             return
         crash = self.churn.crashes() if crash is None else crash
         if self.busy_job[i] != NO_JOB:  # the rounds it took part in are over
-            self._interrupt(self.jobs[self.busy_job[i]])
+            job = self.jobs[self.busy_job[i]]
+            self._interrupt(job)
+            job.workers_down += i in job.workers
         self.online[i] = False
         self.n_online -= 1
         self.session[i] += 1
@@ -393,18 +402,22 @@ class Simulation:
         self.n_busy += 1
         self.count.grants += 1
         job.epochs[task] += 1
-        self.granted_at[i] = self.now
         role = "aggregator" if task == 0 else "worker"
         clearing = None if job.clearing is None else to_micro(job.clearing)
         self.price_micro[i] = lease_price(role, self.ask_micro[i], clearing)
         self._interrupt(job)
         job.members_changed = True
         job.rate_micro += self.price_micro[i]
+        job.granted_at[i] = self.now
         if task == 0:
             job.aggregator = i
         else:
             self._count_leased_workers(+1)
             job.workers[i] = task
+            job.last_worker_grant = self.now
+            job.worker_tflops[i] = self.tflops[i]
+            job.worker_bandwidth[i] = self.bandwidth[i]
+            job.worker_latency[i] = self.latency[i]
             job.core_workers += i < self.pop.n_core
         if job.started_at is None:
             job.started_at, job.state = self.now, "running"
@@ -418,7 +431,7 @@ class Simulation:
         job = self.jobs[self.busy_job[i]]
         if job.state == "running":
             self._interrupt(job)
-        seconds = max(0.0, until - self.granted_at[i])
+        seconds = max(0.0, until - job.granted_at.pop(i))
         job.cost_micro += lease_cost_micro(seconds, self.price_micro[i])
         job.members_changed = True
         job.rate_micro -= self.price_micro[i]
@@ -436,6 +449,8 @@ class Simulation:
         else:
             self._count_leased_workers(-1)
             task = job.workers.pop(i)
+            job.workers_down -= not self.online[i]
+            del job.worker_tflops[i], job.worker_bandwidth[i], job.worker_latency[i]
             job.core_workers -= i < self.pop.n_core
             if job.state in ("pending", "running"):
                 job.pending.append(task)
@@ -599,8 +614,11 @@ class Simulation:
         """``rounds`` rounds published, each with the members present since the stretch began."""
         if not self.online[job.aggregator]:  # died, not yet noticed: nothing is published
             return
-        start, online, granted_at = job.round_started, self.online, self.granted_at
-        contributors = len([i for i in job.workers if online[i] and granted_at[i] <= start])
+        start, online, granted_at = job.round_started, self.online, job.granted_at
+        if job.last_worker_grant <= start:  # every worker was there from the start: those still up
+            contributors = len(job.workers) - job.workers_down
+        else:
+            contributors = len([i for i in job.workers if online[i] and granted_at[i] <= start])
         if contributors:
             before = job.rounds_done
             job.rounds_done += rounds
@@ -611,12 +629,11 @@ class Simulation:
                     self._at(self.now, FAULT, index)
 
     def _round_s(self, job: Job) -> float:
-        members = list(job.workers)
         agg = job.aggregator
         spec = job.spec.training
-        slowest = min(map(self.tflops.__getitem__, members))
-        link = min(min(map(self.bandwidth.__getitem__, members)), self.bandwidth[agg] / len(members))
-        latency = max(map(self.latency.__getitem__, members)) + self.latency[agg]
+        slowest = min(job.worker_tflops.values())
+        link = min(min(job.worker_bandwidth.values()), self.bandwidth[agg] / len(job.workers))
+        latency = max(job.worker_latency.values()) + self.latency[agg]
         return round_seconds(
             spec,
             step_seconds(spec, slowest),
@@ -642,8 +659,7 @@ class Simulation:
 
     def _live_cost_bound(self, job: Job) -> float:
         """At least what the job's live leases have cost so far: their summed rates since the oldest."""
-        live = [job.aggregator, *job.workers] if job.aggregator != NO_JOB else list(job.workers)
-        oldest = min(map(self.granted_at.__getitem__, live), default=self.now)
+        oldest = min(job.granted_at.values(), default=self.now)
         return job.rate_micro * (self.now - oldest) / 3600
 
     def _over_budget(self, job: Job) -> bool:
@@ -653,8 +669,8 @@ class Simulation:
         budget = self.budget_micro[job.template]
         if job.cost_micro + self._live_cost_bound(job) < budget:
             return False
-        live = [job.aggregator, *job.workers] if job.aggregator != NO_JOB else list(job.workers)
-        metered = sum(lease_cost_micro(self.now - self.granted_at[i], self.price_micro[i]) for i in live)
+        price = self.price_micro
+        metered = sum(lease_cost_micro(self.now - at, price[i]) for i, at in job.granted_at.items())
         return job.cost_micro + metered >= budget
 
     def _count_leased_workers(self, change: int) -> None:
@@ -672,6 +688,14 @@ class Simulation:
         holders = ([job.aggregator] if job.aggregator != NO_JOB else []) + list(job.workers)
         for i in holders:
             self._end_lease(i, "completed", self.now)
+        for members in (
+            job.workers,
+            job.granted_at,
+            job.worker_tflops,
+            job.worker_bandwidth,
+            job.worker_latency,
+        ):
+            members.clear()  # emptied one by one, a dict keeps its table; a million nodes' jobs add up
 
     def _sample(self, _: int, __: int) -> None:
         self._count_leased_workers(0)

@@ -9,8 +9,11 @@ needs at most the ``w`` best community nodes and the ``w + 1`` best core nodes (
 aggregator); an auction also needs the next ask, its price; so ``place_job`` makes the choice it would
 make among all nodes. Only its reasons' counts ("rank 1 of N") differ.
 
-Each pool is a heap with lazy deletion: a node taken or gone bumps its version, and stale entries are
-dropped when they surface (or when the heaps are compacted).
+A pool is a few heaps, merged as they are read: nodes that qualify for the same set of classes share
+one heap per role (workers, asks, aggregators), so a free node is pushed once per role however many
+classes it serves, and taking it pops its one entry instead of leaving stale copies in the pools of
+the other classes. The heaps delete lazily: a node taken or gone bumps its version, and stale entries
+are dropped when they surface (or when the heaps are compacted).
 """
 
 from __future__ import annotations
@@ -32,31 +35,70 @@ from gpuflex.market.pricing import Ask, ask_rank
 from gpuflex.sim.population import Population
 
 Entry = tuple  # (*rank, node, version): flat, so the heaps compare plain numbers first
+Heap = list[Entry]
 REPLACEMENT_POOL = 64  # an auction job's replacement is ranked among this many of the cheapest asks
+
+
+@dataclass(frozen=True)
+class Pools:
+    """Where a free node of one profile is listed: one heap of worker ranks, one of asks, one of
+    aggregator ranks (each None when it qualifies for no class that needs it), and the classes those
+    serve. Profiles that qualify for the same classes share heaps, so a node is listed once per role
+    whatever the number of classes it serves, and its entry is gone once a placement takes it."""
+
+    workers: Heap | None
+    asks: Heap | None
+    aggregators: Heap | None
+    worker_classes: tuple[int, ...]
+    aggregator_classes: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class Candidates:
     offers: list[NodeOffer]
-    taken: list[tuple[list[Entry], Entry]]  # every entry popped, with its heap, to give back
+    taken: list[tuple[Heap, Entry]]  # every entry popped, with its heap, to give back
 
 
 class CandidateIndex:
     def __init__(self, pop: Population, classes: list[Requirements], auction: list[bool]):
         self.pop = pop
-        self.auction = auction
         n_classes = len(classes)
-        self.worker_classes = [
-            [c for c, req in enumerate(classes) if not unmet(p, req)] for p in pop.profiles
-        ]
-        self.aggregator_classes = [
-            [c for c, req in enumerate(classes) if can_aggregate(p, req)] for p in pop.profiles
-        ]
-        self.community: list[list[Entry]] = [[] for _ in range(n_classes)]
-        self.core: list[list[Entry]] = [[] for _ in range(n_classes)]
-        self.asks_community: list[list[Entry]] = [[] for _ in range(n_classes)]
-        self.asks_core: list[list[Entry]] = [[] for _ in range(n_classes)]
-        self.aggregators: list[list[Entry]] = [[] for _ in range(n_classes)]
+        # per class, the heaps that list its candidates (a class draws from every heap of a set of
+        # classes it belongs to)
+        self.community: list[list[Heap]] = [[] for _ in range(n_classes)]
+        self.core: list[list[Heap]] = [[] for _ in range(n_classes)]
+        self.asks_community: list[list[Heap]] = [[] for _ in range(n_classes)]
+        self.asks_core: list[list[Heap]] = [[] for _ in range(n_classes)]
+        self.aggregators: list[list[Heap]] = [[] for _ in range(n_classes)]
+        self._heaps: list[Heap] = []
+        shared: dict[tuple, Heap] = {}
+
+        def heap(key: tuple, serves: list[list[Heap]], classes: tuple[int, ...]) -> Heap | None:
+            if not classes:
+                return None
+            if key not in shared:
+                shared[key] = []
+                self._heaps.append(shared[key])
+                for c in classes:
+                    serves[c].append(shared[key])
+            return shared[key]
+
+        self._pools = []
+        for offer in pop.profiles:
+            core = offer.kind == "core"
+            workers = tuple(c for c, req in enumerate(classes) if not unmet(offer, req))
+            asks = tuple(c for c in workers if auction[c])
+            aggregators = tuple(c for c, req in enumerate(classes) if can_aggregate(offer, req))
+            pools = (self.core, self.asks_core) if core else (self.community, self.asks_community)
+            self._pools.append(
+                Pools(
+                    heap(("workers", core, workers), pools[0], workers),
+                    heap(("asks", core, asks), pools[1], asks),
+                    heap(("aggregators", aggregators), self.aggregators, aggregators),
+                    workers,
+                    aggregators,
+                )
+            )
         # per node, flat (as the engine's: ``Simulation.__init__``)
         self.price = array("d", pop.price.tolist())
         self.profile = array("q", pop.profile.tolist())
@@ -69,9 +111,6 @@ class CandidateIndex:
         self.gained_workers: set[int] = set()
         self.gained_aggregators: set[int] = set()
 
-    def _heaps(self) -> list[list[Entry]]:
-        return [*self.community, *self.core, *self.asks_community, *self.asks_core, *self.aggregators]
-
     def add(self, i: int, reliability: float) -> None:
         """Node ``i`` is free and online, at this reliability (its reputation score now)."""
         if self.free[i]:
@@ -80,25 +119,16 @@ class CandidateIndex:
         self.n_free += 1
         version = self.version[i]
         offer = self.offers[i] = self.pop.offer(i, reliability=reliability)
-        profile = self.profile[i]
-        core = i < self.pop.n_core
-        heaps, asks = (self.core, self.asks_core) if core else (self.community, self.asks_community)
-        entry = (*worker_rank(offer), i, version)
-        ask = None
-        classes = self.worker_classes[profile]
-        self.gained_workers.update(classes)
-        for c in classes:
-            heapq.heappush(heaps[c], entry)
-            if self.auction[c]:
-                if ask is None:
-                    rank = ask_rank(Ask(offer.node_id, offer.price_per_hour, cost_per_useful_tflop(offer)))
-                    ask = (*rank, i, version)
-                heapq.heappush(asks[c], ask)
-        if classes := self.aggregator_classes[profile]:
-            self.gained_aggregators.update(classes)
-            aggregator = (*aggregator_rank(offer), i, version)
-            for c in classes:
-                heapq.heappush(self.aggregators[c], aggregator)
+        pools = self._pools[self.profile[i]]
+        if pools.workers is not None:
+            self.gained_workers.update(pools.worker_classes)
+            heapq.heappush(pools.workers, (*worker_rank(offer), i, version))
+            if pools.asks is not None:
+                ask = Ask(offer.node_id, offer.price_per_hour, cost_per_useful_tflop(offer))
+                heapq.heappush(pools.asks, (*ask_rank(ask), i, version))
+        if pools.aggregators is not None:
+            self.gained_aggregators.update(pools.aggregator_classes)
+            heapq.heappush(pools.aggregators, (*aggregator_rank(offer), i, version))
         self._pushed += 1
         if self._pushed > self.pop.n + 1000:
             self._compact()
@@ -116,17 +146,24 @@ class CandidateIndex:
         return self.free[i] and self.version[i] == version
 
     def _take(
-        self, heap: list[Entry], count: int, taken: list, seen: set[int], max_price: float, by_price: bool
+        self, heaps: list[Heap], count: int, taken: list, seen: set[int], max_price: float, by_price: bool
     ) -> int:
-        """Pop until ``count`` live entries at most ``max_price`` are found; returns how many were.
-        In a heap ordered by price (``by_price``: asks), the first entry above it ends the search."""
+        """Pop the best live entries of ``heaps`` (merged: the best top first) until ``count`` at most
+        ``max_price`` are found; returns how many were. In heaps ordered by price (``by_price``: asks),
+        the first entry above it ends the search."""
         found = 0
-        price = self.price
-        while heap and found < count:
-            entry = heapq.heappop(heap)
-            if not self._valid(entry):
-                continue
-            taken.append((heap, entry))
+        price, free, version, pop = self.price, self.free, self.version, heapq.heappop
+        while found < count:
+            best = None
+            for heap in heaps:
+                while heap and not (free[heap[0][-2]] and version[heap[0][-2]] == heap[0][-1]):
+                    pop(heap)  # stale: its node was taken or went away
+                if heap and (best is None or heap[0] < best[0]):
+                    best = heap
+            if best is None:
+                break
+            entry = pop(best)
+            taken.append((best, entry))
             if price[entry[-2]] <= max_price:
                 seen.add(entry[-2])
                 found += 1
@@ -157,7 +194,7 @@ class CandidateIndex:
           ``REPLACEMENT_POOL`` cheapest are looked at (the one approximation: a cheaper node beyond
           them, with a better rank, would be missed).
         """
-        taken: list[tuple[list[Entry], Entry]] = []
+        taken: list[tuple[Heap, Entry]] = []
         seen: set[int] = set()
         if aggregator:
             self._take(self.aggregators[c], 1, taken, seen, max_price, False)
@@ -187,7 +224,7 @@ class CandidateIndex:
 
     def _compact(self) -> None:
         """Drop stale entries from every heap (they pile up as nodes come and go)."""
-        for heap in self._heaps():
+        for heap in self._heaps:
             heap[:] = [e for e in heap if self._valid(e)]
             heapq.heapify(heap)
         self._pushed = 0

@@ -82,11 +82,14 @@ async def _call(reader, writer, host: str, key: NodeKey, path: str, body: bytes)
     return int(status_line.split()[1])
 
 
-async def _connection(url: str, keys: list[bytes], path: str, body: bytes, until: float, once: bool):
+async def _connection(
+    url: str, keys: list[bytes], path: str, body: bytes, start_at: float, until: float, once: bool
+):
     host = url.removeprefix("http://")
     address, port = host.split(":")
     reader, writer = await asyncio.open_connection(address, int(port))
     nodes = [NodeKey.from_hex(k.hex()) for k in keys]
+    await asyncio.sleep(max(0.0, start_at - time.time()))  # every connection starts with the clock
     statuses: dict[int, int] = {}
     latencies = []
     i = 0
@@ -103,10 +106,13 @@ async def _connection(url: str, keys: list[bytes], path: str, body: bytes, until
     return statuses, latencies
 
 
-def _load_process(url: str, keys: list[bytes], path: str, body: bytes, until: float, conns: int, once, out):
+def _load_process(
+    url: str, keys: list[bytes], path: str, body: bytes, start_at: float, until: float, conns: int, once, out
+):
     async def main():
         shares = [keys[i::conns] for i in range(conns)]
-        return await asyncio.gather(*(_connection(url, s, path, body, until, once) for s in shares if s))
+        calls = (_connection(url, s, path, body, start_at, until, once) for s in shares if s)
+        return await asyncio.gather(*calls)
 
     out.put(_merged(asyncio.run(main())))
 
@@ -142,7 +148,17 @@ def load(
     workers = [
         multiprocessing.Process(
             target=_load_process,
-            args=(urls[i % len(urls)], raw[i::procs], path, body, start_at + seconds, conns, once, out),
+            args=(
+                urls[i % len(urls)],
+                raw[i::procs],
+                path,
+                body,
+                start_at,
+                start_at + seconds,
+                conns,
+                once,
+                out,
+            ),
         )
         for i in range(procs)
     ]

@@ -23,8 +23,8 @@ from gpuflex.coordinator import web
 from gpuflex.coordinator.auth import anonymous_call
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
-from gpuflex.coordinator.fastpath import HeartbeatFastPath
-from gpuflex.coordinator.heartbeats import HeartbeatWriter
+from gpuflex.coordinator.fastpath import NodeCallFastPath
+from gpuflex.coordinator.groupcommit import HeartbeatWriter, LeaseGranter
 from gpuflex.coordinator.limits import BodySizeLimit
 from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
 from gpuflex.coordinator.metrics import router as metrics_router
@@ -179,23 +179,26 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         ctx = CoordinatorContext(settings, engine, make_sessionmaker(engine), blob_store(settings))
 
     metrics = CoordinatorMetrics(ctx)
-    heartbeats = HeartbeatWriter(ctx)
+    heartbeats, lease_granter = HeartbeatWriter(ctx, metrics), LeaseGranter(ctx, metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         heartbeats.start()
+        lease_granter.start()
         task = asyncio.create_task(_reaper(ctx, metrics))
         yield
         task.cancel()
         with suppress(asyncio.CancelledError):
             await task
         await run_in_threadpool(heartbeats.stop)
+        await run_in_threadpool(lease_granter.stop)
         ctx.engine.dispose()
 
     app = FastAPI(title="GPUFlex coordinator", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
     app.state.metrics = metrics
     app.state.heartbeats = heartbeats
+    app.state.lease_granter = lease_granter
     app.state.rate_limits = RateLimits(
         rate_per_s=ctx.settings.rate_limit_per_s,
         burst=ctx.settings.rate_limit_burst,
@@ -222,6 +225,11 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     )
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(
-        HeartbeatFastPath, ctx=ctx, writer=heartbeats, limits=app.state.rate_limits, metrics=metrics
+        NodeCallFastPath,
+        ctx=ctx,
+        heartbeats=heartbeats,
+        lease_granter=lease_granter,
+        limits=app.state.rate_limits,
+        metrics=metrics,
     )
     return app

@@ -9,8 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from gpuflex.auth.signing import HEADER_NODE, node_id_for
 from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest, VerifiedSignature, charge
 from gpuflex.coordinator.db import Node
-from gpuflex.coordinator.heartbeats import Heartbeats
-from gpuflex.coordinator.metrics import Metrics
+from gpuflex.coordinator.groupcommit import Grants, Heartbeats
 from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import leases, registry, stakes
 from gpuflex.coordinator.web import tokens
@@ -46,34 +45,25 @@ async def register(
 
 @router.post("/heartbeat")
 async def heartbeat(
-    request: Request,
-    body: m.Heartbeat,
-    signed: VerifiedSignature,
-    ctx: Ctx,
-    writer: Heartbeats,
-    metrics: Metrics,
+    request: Request, body: m.Heartbeat, signed: VerifiedSignature, writer: Heartbeats
 ) -> m.HeartbeatAck:
     """Renew leases, learn revocations and the interval; committed together with the heartbeats
-    around it (``coordinator.heartbeats``), answered once committed."""
+    around it (``coordinator.groupcommit``), answered once committed. Good heartbeats are answered
+    before they reach here (``coordinator.fastpath``): this route is what the rest meet."""
     node_id, nonce = signed
     charge(request, f"node:{node_id}")
-    ack = await asyncio.wrap_future(writer.submit(registry.Beat(node_id, nonce, tuple(body.leases))))
-    metrics.heartbeats.inc()
-    return ack
+    return await asyncio.wrap_future(writer.submit(registry.Beat(node_id, nonce, tuple(body.leases))))
 
 
 @router.post("/lease", responses={204: {"description": "no task for this node now"}})
-def lease(node: SignedNode, ctx: Ctx, metrics: Metrics) -> m.LeaseGrant | None:
-    with ctx.tx() as s:
-        grant = leases.grant(
-            s, s.get(Node, node.id), ctx.settings, ctx.liveness(s), ctx.now(), may_place=ctx.placement_due
-        )
-    if grant is None:
-        return Response(status_code=204)
-    metrics.leases_granted.inc()
-    ids = {"job_id": grant.job_id, "node_id": node.id, "lease_id": grant.lease_id, "role": grant.role}
-    log.info("lease granted", extra=ids)
-    return grant
+async def lease(request: Request, signed: VerifiedSignature, granter: Grants) -> m.LeaseGrant | None:
+    """The next task placed on this node, if any; granted together with the requests around it
+    (``coordinator.groupcommit``), answered once committed. Like heartbeats, good lease requests are
+    answered by ``coordinator.fastpath``."""
+    node_id, nonce = signed
+    charge(request, f"node:{node_id}")
+    grant = await asyncio.wrap_future(granter.submit(registry.Call(node_id, nonce)))
+    return Response(status_code=204) if grant is None else grant
 
 
 @router.post("/leases/{lease_id}/report")

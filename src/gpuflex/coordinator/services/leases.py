@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuflex.auth.tokens import new_task_token, token_hash
@@ -40,61 +40,119 @@ def _event(session: Session, job_id: str, now: float, message: str) -> None:
     session.add(JobEvent(job_id=job_id, at=now, message=message))
 
 
+# what ``grant`` reads of a node: the batch loads only these
+GRANT_READS = (Node.state, Node.available_until, Node.price_micro, Node.name)
+
+
 def grant(
     session: Session,
-    node: Node,
+    nodes: Sequence[Node],
     settings: CoordinatorSettings,
     rules: Liveness,
     now: float,
     *,
     may_place: Callable[[], bool] = lambda: True,
-) -> LeaseGrant | None:
-    """Lease the next task placed on this node, if any; it lives ``rules.lease_ttl_s`` unrenewed.
+) -> list[LeaseGrant | None]:
+    """For each node, in order, a lease on the next task placed on it, or None: it holds a lease already,
+    nothing is placed on it, or (a node asking twice at once) its first request took the task. A lease
+    lives ``rules.lease_ttl_s`` unrenewed.
 
-    With nothing placed on it, a placement pass runs first if ``may_place()`` (a replica throttles them).
+    With nothing placed on some of them, one placement pass runs first if ``may_place()`` (a replica
+    throttles them). One statement per kind of row for all the nodes.
     """
-    if session.scalars(select(Lease.id).where(Lease.node_id == node.id, Lease.state == "active")).first():
-        return None
-    on_offer = node.state == "online" and (node.available_until is None or node.available_until > now)
-    task = _placed_on(session, node) if on_offer else None
-    if task is None and may_place():  # place what is pending (this unplaces work from gone nodes)
+    first = list({n.id: n for n in nodes}.values())
+    holding = set(
+        session.scalars(
+            select(Lease.node_id).where(Lease.node_id.in_([n.id for n in first]), Lease.state == "active")
+        )
+    )
+    asking = [n for n in first if n.id not in holding]
+    on_offer = [
+        n.id for n in asking if n.state == "online" and (n.available_until is None or n.available_until > now)
+    ]
+    placed = _placed_on(session, on_offer)
+    idle = [n.id for n in asking if n.id not in placed]
+    if idle and may_place():  # place what is pending (this unplaces work from gone nodes)
         market.place_pending(session, settings, now)
-        task = _placed_on(session, node)
-    if task is None:
-        return None
-    claimed = session.execute(
-        update(Task)
-        .where(Task.id == task.id, Task.state == "pending", Task.epoch == task.epoch)
-        .values(state="leased", epoch=Task.epoch + 1)
+        placed |= _placed_on(session, idle)
+    epochs = _claim(session, list(placed.values()))  # another replica may have taken some first
+    claimed = {node_id: task for node_id, task in placed.items() if task.id in epochs}
+    jobs = _open_jobs(session, {task.job_id for task in claimed.values()})
+    expires_at = lease_expires_at(now, rules.lease_ttl_s(settings.lease_ttl_s))
+    grants, rows, events = {}, [], []
+    for node in asking:
+        if (task := claimed.get(node.id)) is not None:
+            job, spec = jobs[task.job_id]
+            lease, grant = _lease(node, task, epochs[task.id], job, spec, now, expires_at)
+            grants[node.id] = grant
+            rows.append(lease)
+            message = f"{task.role} {task.index} leased to {node.name} ({node.id}), epoch {grant.epoch}"
+            events.append({"job_id": job.id, "at": now, "message": message})
+    if rows:  # bulk inserts: no ORM object per row
+        session.execute(insert(Lease), rows)
+        session.execute(insert(JobEvent), events)
+    return [grants.pop(node.id, None) for node in nodes]  # a node named twice: its first answer has it
+
+
+def _placed_on(session: Session, node_ids: Sequence[str]) -> dict[str, Task]:
+    """The task placed on each of ``node_ids`` and not yet leased, locked (PostgreSQL: ``SKIP LOCKED``,
+    so a grant never queues behind another replica's grant of the same task; it finds nothing)."""
+    if not node_ids:
+        return {}
+    query = select(Task).where(Task.node_id.in_(node_ids), Task.state == "pending")
+    placed: dict[str, Task] = {}
+    for task in session.scalars(query.order_by(Task.node_id, Task.role).with_for_update(skip_locked=True)):
+        placed.setdefault(task.node_id, task)
+    return placed
+
+
+_TASKS = Task.__table__
+
+
+def _claim(session: Session, tasks: Sequence[Task]) -> dict[str, int]:
+    """Compare-and-set ``pending`` -> ``leased``, epoch + 1, on every task still as read; returns the
+    new epoch of each task claimed."""
+    if not tasks:
+        return {}
+    as_read = sorted((t.id, t.epoch) for t in tasks)
+    claim = (
+        update(_TASKS)
+        .where(tuple_(_TASKS.c.id, _TASKS.c.epoch).in_(as_read), _TASKS.c.state == "pending")
+        .values(state="leased", epoch=_TASKS.c.epoch + 1)
+        .returning(_TASKS.c.id, _TASKS.c.epoch)
     )
-    if claimed.rowcount != 1:
-        return None  # another replica took it first
-    session.refresh(task)
-    job = session.get(Job, task.job_id)
+    return dict(session.connection().execute(claim).all())
+
+
+def _open_jobs(session: Session, job_ids: set[str]) -> dict[str, tuple[Job, JobSpec]]:
+    """The jobs of the tasks being leased, with their specs parsed once; each now runs."""
+    jobs = {}
+    for job in session.scalars(select(Job).where(Job.id.in_(job_ids)).order_by(Job.id)):
+        if job.state in ("pending", "scheduled"):
+            job.state = "running"
+        jobs[job.id] = (job, JobSpec.model_validate(job.spec))
+    return jobs
+
+
+def _lease(
+    node: Node, task: Task, epoch: int, job: Job, spec: JobSpec, now: float, expires_at: float
+) -> tuple[dict, LeaseGrant]:
+    """The row of a claimed task's lease, and its grant with the task token only its holder learns."""
     token = new_task_token()
-    lease = Lease(
-        id=new_id("l"),
-        task_id=task.id,
-        job_id=job.id,
-        node_id=node.id,
-        epoch=task.epoch,
-        token_hash=token_hash(token),
-        state="active",
-        granted_at=now,
-        renewed_at=now,
-        expires_at=lease_expires_at(now, rules.lease_ttl_s(settings.lease_ttl_s)),
-        price_micro=_price_micro(job, task, node),
-    )
-    session.add(lease)
-    if job.state in ("pending", "scheduled"):
-        job.state = "running"
-    _event(
-        session,
-        job.id,
-        now,
-        f"{task.role} {task.index} leased to {node.name} ({node.id}), epoch {lease.epoch}",
-    )
-    spec = JobSpec.model_validate(job.spec)
+    lease = {
+        "id": new_id("l"),
+        "task_id": task.id,
+        "job_id": job.id,
+        "node_id": node.id,
+        "epoch": epoch,
+        "token_hash": token_hash(token),
+        "state": "active",
+        "granted_at": now,
+        "renewed_at": now,
+        "expires_at": expires_at,
+        "price_micro": _price_micro(job, task, node),
+        "cost_micro": 0,
+    }
     config = TaskConfig(
         job_id=job.id,
         task_id=task.id,
@@ -105,16 +163,17 @@ def grant(
         dataset=job.dataset,
         recipe_code=job.recipe_code,
     )
-    return LeaseGrant(
-        lease_id=lease.id,
+    grant = LeaseGrant(
+        lease_id=lease["id"],
         task_id=task.id,
         job_id=job.id,
         role=task.role,
-        epoch=lease.epoch,
-        expires_at=lease.expires_at,
+        epoch=epoch,
+        expires_at=expires_at,
         task_token=token,
         task=config,
     )
+    return lease, grant
 
 
 _RENEW = (
@@ -122,13 +181,6 @@ _RENEW = (
     .where(Lease.__table__.c.id == bindparam("lease"), Lease.__table__.c.state == "active")
     .values(renewed_at=bindparam("now"), expires_at=bindparam("expires"))
 )
-
-
-def _placed_on(session: Session, node: Node) -> Task | None:
-    """The task placed on ``node`` and not yet leased, locked (PostgreSQL: ``SKIP LOCKED``, so a grant
-    never queues behind another replica's grant of the same task; it finds nothing and moves on)."""
-    query = select(Task).where(Task.node_id == node.id, Task.state == "pending").order_by(Task.role).limit(1)
-    return session.scalars(query.with_for_update(skip_locked=True)).first()
 
 
 def work_waiting(session: Session, node_ids: Sequence[str]) -> set[str]:

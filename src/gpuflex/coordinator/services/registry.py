@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, delete, insert, or_, select, update
+from sqlalchemy import bindparam, delete, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
 from gpuflex.auth.signing import HEADER_NODE, node_id_for, verify_request
 from gpuflex.coordinator.db import Node, Nonce
@@ -88,15 +89,22 @@ def register(
 
 
 @dataclass(frozen=True)
-class Beat:
-    """One heartbeat whose signature was checked: who sent it, its nonce and the leases it holds."""
+class Call:
+    """A node's call whose signature was checked: who sent it and its nonce (burnt once admitted)."""
 
     node_id: str
     nonce: str
+
+
+@dataclass(frozen=True)
+class Beat(Call):
+    """A heartbeat, with the leases its node holds."""
+
     held: tuple[LeaseHeld, ...]
 
 
 _NODES, _NONCES = Node.__table__, Nonce.__table__
+_INSERT = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}  # both can skip rows that exist
 _BEAT = (
     update(_NODES)
     .where(_NODES.c.id == bindparam("node"))
@@ -119,17 +127,7 @@ def record_beats(
     lock rows in the same order and never deadlock.
     """
     query = select(Node.id, Node.state).where(Node.id.in_({b.node_id for b in beats}))
-    states = dict(session.execute(query).all())
-    outcome: list[Unauthorized | None] = []
-    for b in beats:
-        state = states.get(b.node_id)
-        if state is None:
-            outcome.append(Unauthorized("unknown node: register first"))
-        elif state == "left":
-            outcome.append(Unauthorized("this node has left; register again to rejoin"))
-        else:
-            outcome.append(None)
-    _burn_nonces(session, beats, outcome, now)
+    outcome = admit(session, beats, dict(session.execute(query).all()), now)
     rows = [
         {"node": b.node_id, "now": now, "interval": interval_s}
         for b, refused in zip(beats, outcome, strict=True)
@@ -140,26 +138,49 @@ def record_beats(
     return outcome
 
 
-def _burn_nonces(session: Session, beats: Sequence[Beat], outcome: list, now: float) -> None:
-    """Insert every accepted beat's nonce; a nonce seen before refuses its beat (a replay).
+def nodes(session: Session, node_ids: Sequence[str], *columns) -> dict[str, Node]:
+    """The known nodes among ``node_ids``, by id, in one query; only ``columns`` loaded, if named (the
+    others load when read)."""
+    query = select(Node).where(Node.id.in_(set(node_ids)))
+    return {n.id: n for n in session.scalars(query.options(load_only(*columns)) if columns else query)}
 
-    One insert for the batch; only if it collides are the nonces inserted one by one to find the replay.
-    """
-    fresh = [i for i, refused in enumerate(outcome) if refused is None]
-    rows = [{"node_id": beats[i].node_id, "nonce": beats[i].nonce, "seen_at": now} for i in fresh]
-    if not rows:
+
+def admit(
+    session: Session, calls: Sequence[Call], states: Mapping[str, str], now: float
+) -> list[Unauthorized | None]:
+    """For each call, in order, None or why it is refused: its node is unknown (``states`` holds the
+    state of every known node among them) or has left, or its nonce was seen before (a replay)."""
+    outcome: list[Unauthorized | None] = []
+    for call in calls:
+        state = states.get(call.node_id)
+        if state is None:
+            outcome.append(Unauthorized("unknown node: register first"))
+        elif state == "left":
+            outcome.append(Unauthorized("this node has left; register again to rejoin"))
+        else:
+            outcome.append(None)
+    _burn_nonces(session, calls, outcome, now)
+    return outcome
+
+
+def _burn_nonces(session: Session, calls: Sequence[Call], outcome: list, now: float) -> None:
+    """Insert every admitted call's nonce; one seen before, or twice in this batch, refuses its call (a
+    replay). One statement: those the database already holds are skipped, and not returned."""
+    fresh, seen = [], set()
+    for i, refused in enumerate(outcome):
+        key = (calls[i].node_id, calls[i].nonce)
+        if refused is None and key in seen:
+            outcome[i] = Unauthorized("replayed request (nonce already used)")
+        elif refused is None:
+            fresh.append(i)
+            seen.add(key)
+    if not fresh:
         return
-    try:
-        with session.begin_nested():
-            session.connection().execute(insert(_NONCES), rows)
-        return
-    except IntegrityError:
-        pass
-    for i, row in zip(fresh, rows, strict=True):
-        try:
-            with session.begin_nested():
-                session.connection().execute(insert(_NONCES), [row])
-        except IntegrityError:
+    rows = [{"node_id": calls[i].node_id, "nonce": calls[i].nonce, "seen_at": now} for i in fresh]
+    insert_new = _INSERT[session.get_bind().dialect.name](_NONCES).on_conflict_do_nothing()
+    burnt = set(session.connection().execute(insert_new.returning(_NONCES.c.node_id, _NONCES.c.nonce), rows))
+    for i in fresh:
+        if (calls[i].node_id, calls[i].nonce) not in burnt:
             outcome[i] = Unauthorized("replayed request (nonce already used)")
 
 

@@ -1,5 +1,5 @@
-"""The heartbeat's fast path answers good heartbeats itself and hands everything else to the route,
-which refuses it exactly as before; nothing is written or counted twice."""
+"""The fast path answers good heartbeats and lease requests itself and hands everything else to the
+route, which refuses it exactly as before; nothing is written or counted twice."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import pytest
 from sqlalchemy import select
 
 from gpuflex.coordinator.db import Node
-from gpuflex.coordinator.fastpath import PATH, HeartbeatFastPath
-from gpuflex.coordinator.heartbeats import HeartbeatWriter
+from gpuflex.coordinator.fastpath import HEARTBEAT as PATH
+from gpuflex.coordinator.fastpath import LEASE, NodeCallFastPath
+from gpuflex.coordinator.groupcommit import HeartbeatWriter, LeaseGranter
 from gpuflex.coordinator.metrics import CoordinatorMetrics
 from gpuflex.coordinator.ratelimit import RateLimits
+from gpuflex.protocol.messages import LeaseGrant
+from gpuflex.protocol.spec import JobSpec
 
 
 def _beats(harness, node_id: str) -> int:
@@ -47,23 +50,28 @@ class _Recorder:
         await send({"type": "http.response.body", "body": b""})
 
 
-def _call(layer, node, body: bytes, chunks: int = 1, **header_changes: str) -> int:
-    """One heartbeat through ``layer`` as uvicorn would pass it, the body in ``chunks`` messages."""
+def _call(layer, node, body: bytes, chunks: int = 1, path: str = PATH, **header_changes: str) -> int:
+    return _send(layer, node, body, chunks, path, **header_changes)[0]["status"]
+
+
+def _send(layer, node, body: bytes, chunks: int = 1, path: str = PATH, **header_changes: str) -> list:
+    """One call through ``layer`` as uvicorn would pass it, the body in ``chunks`` messages; what the
+    layer sent back."""
     headers = {
-        **node.key.sign_request("POST", PATH, body),
+        **node.key.sign_request("POST", path, body),
         "content-type": "application/json",
         **header_changes,
     }
     scope = {
         "type": "http",
         "method": "POST",
-        "path": PATH,
-        "raw_path": PATH.encode(),
+        "path": path,
+        "raw_path": path.encode(),
         "query_string": b"",
         "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
     }
-    size = -(-len(body) // chunks)
-    parts = [body[i : i + size] for i in range(0, len(body), size)]
+    size = max(1, -(-len(body) // chunks))
+    parts = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
     incoming = [
         {"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)
     ]
@@ -76,22 +84,28 @@ def _call(layer, node, body: bytes, chunks: int = 1, **header_changes: str) -> i
         sent.append(message)
 
     asyncio.run(layer(scope, receive, send))
-    return sent[0]["status"]
+    return sent
 
 
 @pytest.fixture
 def layer(coordinator):
     """The fast path around a recorder, with its own heartbeat writer on the coordinator's database."""
     ctx = coordinator.ctx
-    writer = HeartbeatWriter(ctx)
+    metrics = CoordinatorMetrics(ctx)
+    writer = HeartbeatWriter(ctx, metrics)
     writer.start()
     limits = RateLimits(rate_per_s=100, burst=100, anonymous_rate_per_s=1, anonymous_burst=1, clock=ctx.now)
     recorder = _Recorder()
+    granter = LeaseGranter(ctx, metrics)
+    granter.start()
     yield (
-        HeartbeatFastPath(recorder, ctx=ctx, writer=writer, limits=limits, metrics=CoordinatorMetrics(ctx)),
+        NodeCallFastPath(
+            recorder, ctx=ctx, heartbeats=writer, lease_granter=granter, limits=limits, metrics=metrics
+        ),
         recorder,
     )
     writer.stop()
+    granter.stop()
 
 
 def test_a_good_heartbeat_is_answered_without_the_app_and_written_once(coordinator, layer):
@@ -146,3 +160,23 @@ def test_the_route_refuses_what_the_fast_path_hands_over(coordinator):
     node.leave()
     left = _post(coordinator, node, body)
     assert left.status_code == 401 and "left" in left.json()["detail"]
+
+
+def test_a_good_lease_request_is_granted_without_the_app_and_one_with_a_body_reaches_it(coordinator, layer):
+    fast, app = layer
+    alice = coordinator.consumer("alice", deposit=10)
+    core = coordinator.node("core", core=True, price=0.4)
+    coordinator.node("c0")
+    coordinator.ctx.node_keys[core.key.node_id] = core.key.public_key_hex
+    spec = {"name": "t", "resources": {"workers": 1}, "budget": 1.0, "max_price_per_hour": 0.5}
+    job = alice.submit(JobSpec.model_validate(spec), alice.upload(b"corpus " * 2000))
+
+    granted = _send(fast, core, b"", path=LEASE)
+    held = _call(fast, core, b"", path=LEASE)
+    with_body = _call(fast, core, b"{}", path=LEASE, **{"content-type": "application/json"})
+
+    assert granted[0]["status"] == 200
+    grant = LeaseGrant.model_validate_json(granted[1]["body"])
+    assert (grant.job_id, grant.role, grant.epoch) == (job.id, "aggregator", 1)
+    assert held == 204  # one lease per node
+    assert with_body == 418 and app.bodies == [b"{}"]  # a lease request has no body: the route judges it

@@ -1,0 +1,72 @@
+"""Lease requests granted together (``coordinator.groupcommit``): one batch, one transaction, and each
+request answered as if it had come alone."""
+
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+
+from sqlalchemy import select
+
+from gpuflex.coordinator.db import Lease, Task
+from gpuflex.coordinator.groupcommit import LeaseGranter
+from gpuflex.coordinator.metrics import CoordinatorMetrics
+from gpuflex.coordinator.services.registry import Call
+from gpuflex.errors import Unauthorized
+from gpuflex.protocol.spec import JobSpec
+
+
+def _job(coordinator, workers: int):
+    alice = coordinator.consumer("alice", deposit=10)
+    spec = {"name": "t", "resources": {"workers": workers}, "budget": 1.0, "max_price_per_hour": 0.5}
+    return alice.submit(JobSpec.model_validate(spec), alice.upload(b"corpus " * 2000))
+
+
+def _call(node) -> Call:
+    return Call(node.key.node_id, secrets.token_hex(16))
+
+
+def test_a_batch_of_lease_requests_gives_each_node_its_own_task_and_refuses_each_bad_request_alone(
+    coordinator,
+):
+    nodes = [coordinator.node("core", core=True, price=0.4)]
+    nodes += [coordinator.node(f"c{i}", price=0.1 + i / 100) for i in range(3)]
+    gone = coordinator.node("gone")
+    gone.leave()
+    job = _job(coordinator, workers=3)
+    calls = [_call(n) for n in nodes]
+    again = _call(nodes[1])  # the same node asking twice at once
+    calls += [again, Call(again.node_id, again.nonce), _call(gone), Call("nobody", secrets.token_hex(16))]
+
+    with coordinator.ctx.tx() as s:
+        answers = LeaseGranter(coordinator.ctx, CoordinatorMetrics(coordinator.ctx)).write(s, calls)
+
+    grants, (twice, replayed, left, unknown) = answers[:4], answers[4:]
+    assert [g.role for g in grants] == ["aggregator", "worker", "worker", "worker"]
+    assert sorted(g.task.worker_index for g in grants[1:]) == [0, 1, 2]
+    assert len({g.task_id for g in grants}) == 4 and {g.job_id for g in grants} == {job.id}
+    assert all(g.epoch == 1 for g in grants)
+    assert twice is None  # its first request holds the node's one task
+    assert isinstance(replayed, Unauthorized) and "replayed" in str(replayed)
+    assert isinstance(left, Unauthorized) and "has left" in str(left)
+    assert isinstance(unknown, Unauthorized) and "unknown node" in str(unknown)
+    with coordinator.ctx.tx() as s:
+        leases = s.execute(select(Lease.node_id, Lease.task_id, Lease.epoch).where(Lease.state == "active"))
+        assert sorted(leases) == sorted(
+            (n.key.node_id, g.task_id, 1) for n, g in zip(nodes, grants, strict=True)
+        )
+        assert set(s.scalars(select(Task.state))) == {"leased"}
+    assert nodes[1].lease() is None  # one lease per node
+
+
+def test_nodes_asking_at_once_over_http_each_get_one_task_and_no_task_is_leased_twice(coordinator):
+    nodes = [coordinator.node("core", core=True, price=0.4)]
+    nodes += [coordinator.node(f"c{i}", price=0.1) for i in range(7)]
+    _job(coordinator, workers=7)
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda n: n.lease(), nodes + nodes))  # each node asks twice
+
+    grants = [a for a in answers if a is not None]
+    assert len(grants) == 8 and len({g.task_id for g in grants}) == 8
+    with coordinator.ctx.tx() as s:
+        holders = list(s.scalars(select(Lease.node_id).where(Lease.state == "active")))
+    assert sorted(holders) == sorted(n.key.node_id for n in nodes)

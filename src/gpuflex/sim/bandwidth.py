@@ -24,7 +24,8 @@ from gpuflex.errors import SpecError
 from gpuflex.market.pricing import parameter_count
 from gpuflex.protocol.spec import TrainingSpec
 
-DEFAULT_RESULTS = Path("bench/results/diloco_vs_ddp.json")
+# the checkout's own results, wherever ``gpuflex sim`` runs from (an installed package has none)
+DEFAULT_RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results" / "diloco_vs_ddp.json"
 
 
 @dataclass(frozen=True)

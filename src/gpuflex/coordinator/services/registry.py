@@ -104,7 +104,14 @@ class Beat(Call):
 
 
 _NODES, _NONCES = Node.__table__, Nonce.__table__
-_INSERT = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}  # both can skip rows that exist
+# built once: building a statement (its IN list, its cache key) cost about as much as running it
+_STATES = select(Node.id, Node.state).where(Node.id.in_(bindparam("nodes", expanding=True)))
+_BURN = {  # per backend: both can skip a row that exists (and not return it)
+    backend.dialect.name: backend.insert(_NONCES)
+    .on_conflict_do_nothing()
+    .returning(_NONCES.c.node_id, _NONCES.c.nonce)
+    for backend in (postgresql, sqlite)
+}
 _BEAT = (
     update(_NODES)
     .where(_NODES.c.id == bindparam("node"))
@@ -126,8 +133,8 @@ def record_beats(
     One statement per kind of row for the whole batch, in node id order, so that two replicas' batches
     lock rows in the same order and never deadlock.
     """
-    query = select(Node.id, Node.state).where(Node.id.in_({b.node_id for b in beats}))
-    outcome = admit(session, beats, dict(session.execute(query).all()), now)
+    states = session.execute(_STATES, {"nodes": list({b.node_id for b in beats})})
+    outcome = admit(session, beats, dict(states.all()), now)
     rows = [
         {"node": b.node_id, "now": now, "interval": interval_s}
         for b, refused in zip(beats, outcome, strict=True)
@@ -177,8 +184,7 @@ def _burn_nonces(session: Session, calls: Sequence[Call], outcome: list, now: fl
     if not fresh:
         return
     rows = [{"node_id": calls[i].node_id, "nonce": calls[i].nonce, "seen_at": now} for i in fresh]
-    insert_new = _INSERT[session.get_bind().dialect.name](_NONCES).on_conflict_do_nothing()
-    burnt = set(session.connection().execute(insert_new.returning(_NONCES.c.node_id, _NONCES.c.nonce), rows))
+    burnt = set(session.connection().execute(_BURN[session.get_bind().dialect.name], rows))
     for i in fresh:
         if (calls[i].node_id, calls[i].nonce) not in burnt:
             outcome[i] = Unauthorized("replayed request (nonce already used)")

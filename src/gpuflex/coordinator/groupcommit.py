@@ -128,7 +128,7 @@ class LeaseGranter(GroupCommit[registry.Call, LeaseGrant | None]):
 
     def write(self, session: Session, calls: list[registry.Call]) -> list[LeaseGrant | Unauthorized | None]:
         now = self.ctx.now()
-        nodes = registry.nodes(session, [c.node_id for c in calls], *leases.GRANT_READS)
+        nodes = registry.nodes(session, [c.node_id for c in calls], leases.GRANT_READS)
         refused = registry.admit(session, calls, {n.id: n.state for n in nodes.values()}, now)
         asking = [nodes[c.node_id] for c, why in zip(calls, refused, strict=True) if why is None]
         rules, may_place = self.ctx.liveness(session), self.ctx.placement_due

@@ -40,7 +40,20 @@ def check_signature(
         with session.begin_nested():
             session.add(Nonce(node_id=node_id, nonce=nonce, seen_at=now))
     except IntegrityError:
-        raise Unauthorized("replayed request (nonce already used)") from None
+        raise _replayed() from None
+
+
+def _replayed() -> Unauthorized:
+    return Unauthorized("replayed request (nonce already used)")
+
+
+def _refusal(state: str | None) -> Unauthorized | None:
+    """Why a node in ``state`` (None: unknown) may not act, or None if it may."""
+    if state is None:
+        return Unauthorized("unknown node: register first")
+    if state == "left":
+        return Unauthorized("this node has left; register again to rejoin")
+    return None
 
 
 def authenticate(
@@ -51,10 +64,8 @@ def authenticate(
 ) -> Node:
     headers = request[3]
     node = session.get(Node, headers.get(HEADER_NODE, ""))
-    if node is None:
-        raise Unauthorized("unknown node: register first")
-    if node.state == "left":
-        raise Unauthorized("this node has left; register again to rejoin")
+    if (why := _refusal(node and node.state)) is not None:
+        raise why
     check_signature(session, node.public_key, node.id, request, settings, now)
     return node
 
@@ -145,11 +156,11 @@ def record_beats(
     return outcome
 
 
-def nodes(session: Session, node_ids: Sequence[str], *columns) -> dict[str, Node]:
-    """The known nodes among ``node_ids``, by id, in one query; only ``columns`` loaded, if named (the
+def nodes(session: Session, node_ids: Sequence[str], columns: Sequence) -> dict[str, Node]:
+    """The known nodes among ``node_ids``, by id, in one query, with only ``columns`` loaded (the
     others load when read)."""
-    query = select(Node).where(Node.id.in_(set(node_ids)))
-    return {n.id: n for n in session.scalars(query.options(load_only(*columns)) if columns else query)}
+    query = select(Node).where(Node.id.in_(set(node_ids))).options(load_only(*columns))
+    return {n.id: n for n in session.scalars(query)}
 
 
 def admit(
@@ -157,15 +168,7 @@ def admit(
 ) -> list[Unauthorized | None]:
     """For each call, in order, None or why it is refused: its node is unknown (``states`` holds the
     state of every known node among them) or has left, or its nonce was seen before (a replay)."""
-    outcome: list[Unauthorized | None] = []
-    for call in calls:
-        state = states.get(call.node_id)
-        if state is None:
-            outcome.append(Unauthorized("unknown node: register first"))
-        elif state == "left":
-            outcome.append(Unauthorized("this node has left; register again to rejoin"))
-        else:
-            outcome.append(None)
+    outcome = [_refusal(states.get(call.node_id)) for call in calls]
     _burn_nonces(session, calls, outcome, now)
     return outcome
 
@@ -177,7 +180,7 @@ def _burn_nonces(session: Session, calls: Sequence[Call], outcome: list, now: fl
     for i, refused in enumerate(outcome):
         key = (calls[i].node_id, calls[i].nonce)
         if refused is None and key in seen:
-            outcome[i] = Unauthorized("replayed request (nonce already used)")
+            outcome[i] = _replayed()
         elif refused is None:
             fresh.append(i)
             seen.add(key)
@@ -187,7 +190,7 @@ def _burn_nonces(session: Session, calls: Sequence[Call], outcome: list, now: fl
     burnt = set(session.connection().execute(_BURN[session.get_bind().dialect.name], rows))
     for i in fresh:
         if (calls[i].node_id, calls[i].nonce) not in burnt:
-            outcome[i] = Unauthorized("replayed request (nonce already used)")
+            outcome[i] = _replayed()
 
 
 def leave(node: Node, now: float) -> None:

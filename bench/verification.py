@@ -10,7 +10,10 @@ deltas (they collude, the strongest case), every contribution is judged (nobody 
 counts), and the audit draw is uniform with ``audit_rate`` as the coordinator's.
 
 Honest workers include a late one (half the steps, claimed as such) and run on heterogeneous shards
-(the standard library's source, one contiguous shard each) with compressed updates. Two more honest
+(the standard library's source, one contiguous shard each) with compressed updates. From round 1 on,
+one honest worker a round is replaced by a fresh node (fresh optimizer moments and an empty
+error-feedback residual, as a task re-leased after a crash): its delta is shorter than the others', whose
+residuals have carried mass for rounds (``joiner_contributions`` counts them). Two more honest
 jobs run on the integration tests' word-salad text: one long past its loss plateau (60 rounds), where a
 noisy screen would convict honest workers, and one with time-budgeted rounds, every contribution
 audited, whose warm-up ends inside a round; their contributions count in the false positives (not in
@@ -102,6 +105,7 @@ def clopper_pearson(k: int, n: int) -> list[float]:
 @dataclass
 class Tally:
     honest: int = 0
+    joiners: int = 0  # honest contributions of a worker in the round it was replaced (an empty residual)
     false_positives: int = 0
     caught: dict[str, int] = field(default_factory=dict)
     total: dict[str, int] = field(default_factory=dict)
@@ -134,10 +138,17 @@ def spec_for(
 
 
 def run_job(
-    kinds: list[str | None], spec: TrainingSpec, corpus: bytes, tally: Tally | None, seed: int
+    kinds: list[str | None],
+    spec: TrainingSpec,
+    corpus: bytes,
+    tally: Tally | None,
+    seed: int,
+    joiners: bool = False,
 ) -> float:
-    """One job with a worker per entry of ``kinds`` (None: honest); returns its final validation loss."""
+    """One job with a worker per entry of ``kinds`` (None: honest); returns its final validation loss.
+    ``joiners``: from round 1 on, one honest worker a round is replaced by a fresh node."""
     drill = Drill(spec, corpus, kinds)
+    honest = [i for i, kind in enumerate(kinds) if kind in (None, LATE)]
     rng = random.Random(seed)
 
     def draw(worker: int, commitment: Commitment) -> int | None:
@@ -146,6 +157,10 @@ def run_job(
     first_cheat: dict[int, int] = {}  # worker -> the first round it cheated
     detected: dict[int, int] = {}  # worker -> rounds from its first cheat to its first conviction
     for r in range(spec.rounds):
+        if joiners and r and honest:
+            drill.restart(honest[(r - 1) % len(honest)])
+            if tally is not None:
+                tally.joiners += 1
         before, audits_before = drill.verifier.compute_s, drill.verifier.audit_s
         judged, results = drill.round(r, draw)
         if tally is not None:
@@ -228,7 +243,7 @@ def main() -> None:
         # every kind once per job, beside as many honest workers (one of them late)
         for group in (kinds[:7], kinds[7:]):
             honest: list[str | None] = [None] * (len(group) - 1) + [LATE]
-            run_job([*honest, *group], spec_for(args, rounds), corpus, tally, seed=job)
+            run_job([*honest, *group], spec_for(args, rounds), corpus, tally, seed=job, joiners=True)
     salad = word_salad_jobs(60 if not args.quick else 30)
     tally.honest += salad.honest
     tally.false_positives += salad.false_positives
@@ -251,6 +266,7 @@ def main() -> None:
         "false_positive_ci95": clopper_pearson(tally.false_positives, tally.honest),
         "honest_contributions": tally.honest,
         "honest_on_word_salad": salad.honest,  # past the plateau, and in time-budgeted rounds
+        "joiner_contributions": tally.joiners,  # honest, in the round a fresh node took the task over
         "extra_compute": round(tally.verify_s / tally.train_s, 4),
         "audit_rate": args.audit_rate,
         "extra_compute_at_default_rate": round(

@@ -255,3 +255,25 @@ def test_job_show_prints_the_verdicts(coordinator):
     assert result.exit_code == 0, result.output
     (row,) = [line for line in result.output.splitlines() if reason in line]
     assert all(part in row for part in (_id(net.nodes[0]), "screen", "guilty", "1.000000")), row
+
+
+def test_each_contribution_carries_the_residual_its_tasks_previous_contribution_left(coordinator):
+    """What chains residuals: the aggregator learns from the coordinator, not from its own memory (it may
+    have been replaced), which residual each contribution must start from."""
+    net = Net(coordinator, rounds=4, audit_rate=0.0)
+
+    def committed(round_, i):
+        return _commitment().model_copy(update={"residual_out": f"{round_:08x}{i:08x}", "chain": round_})
+
+    net.contribute(0, 0, committed(0, 0))
+    net.contribute(1, 0)  # no commitment: nothing to chain to
+    update = net.agg.put_blob(b"update-1")
+    net.agg.publish_round(m.RoundPublish(round=1, state_hash=H0, update=update))
+    net.contribute(1, 1, committed(1, 1))  # worker 0 misses round 1
+    assert [(c.carried, c.carried_chain) for c in net.agg.contributions(1).contributions] == [(None, None)]
+    update = net.agg.put_blob(b"update-2")
+    net.agg.publish_round(m.RoundPublish(round=2, state_hash=H0, update=update))
+    for i in (0, 1):
+        net.contribute(i, 2, committed(2, i))
+    carried = {c.task_id: (c.carried, c.carried_chain) for c in net.agg.contributions(2).contributions}
+    assert carried == {net.task_id(0): ("00000000" * 2, 0), net.task_id(1): ("0000000100000001", 1)}

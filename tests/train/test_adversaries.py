@@ -1,10 +1,12 @@
 """Every adversary kind is caught, and honest workers never are (heterogeneous shards, top-k, late)."""
 
 import pytest
+import torch
 
 from gpuflex.errors import BadRequest
 from gpuflex.testing import small_job, write_corpus
 from gpuflex.train import adversaries
+from gpuflex.train.audit import Claim, audit
 from gpuflex.train.drill import LATE, Drill
 
 from .helpers import tiny_spec
@@ -81,3 +83,32 @@ def test_honest_workers_of_a_small_fast_job_are_never_convicted(tmp_path):
     for r in range(spec.rounds):
         judged, _ = drill.round(r, lambda worker, c: None)
         assert not any(j.guilty for j in judged), (r, [j.verdict for j in judged if j.guilty])
+
+
+def test_a_residual_forged_to_bind_a_poison_breaks_the_chain_and_a_fresh_residual_does_not(corpus):
+    """forged-residual trains and commits honestly and compresses ALIE out of a forged residual: the
+    audit's binding holds for it; the residual chain convicts it, at the screen, every round."""
+    drill = Drill(_spec(2), corpus, [None, None, None, LATE, "forged-residual"])
+    for r in range(2):
+        if r == 1:  # worker 0's task went to a replacement node: an empty residual is a valid start
+            drill.restart(0)
+        judged, results = drill.round(r, _last_segment)
+        assert [j.guilty for j in judged] == [False] * 4 + [True], [j.verdict for j in judged]
+        assert judged[4].verdict.check == "screen" and "previous contribution" in judged[4].verdict.reason
+    c = results[4].commitment
+    generator = torch.Generator().manual_seed(c.seed)
+    batches = [drill.data[4].sample(generator) for _ in range(results[4].steps)]
+    claim = Claim(1, results[4].steps, c, 0, judged[4].delta)
+    finding = audit(drill.spec, drill.recipe, batches, claim, results[4].audit_state(0))
+    assert not finding.guilty, finding  # its delta is its training compressed with the residual it names
+
+
+def test_a_chain_count_that_does_not_follow_the_previous_one_is_convicted(corpus):
+    """A worker that claims a longer chain than it has (to be judged against older, longer deltas' norms,
+    or a shorter one to dodge them) breaks the count the coordinator carries from its last contribution."""
+    drill = Drill(_spec(2), corpus, [None] * 5)
+    drill.round(0, lambda worker, c: None)
+    drill.replicas[1].feedback.compressions += 3
+    judged, _ = drill.round(1, lambda worker, c: None)
+    assert [j.guilty for j in judged] == [False, True, False, False, False]
+    assert "chain of 4 compressions" in judged[1].verdict.reason

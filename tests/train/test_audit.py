@@ -112,3 +112,31 @@ def test_a_delta_other_than_its_training_compressed_is_guilty_naming_the_binding
     elsewhere = result.commitment.model_copy(update={"device": "cuda:8.0"})
     assert not _audit(drill, j, result, 1, commitment=elsewhere).guilty  # within tolerance of itself
     assert _audit(drill, j, result, 1, commitment=elsewhere, delta=scaled).guilty
+
+
+def test_the_residual_left_must_be_the_committed_one_and_what_compression_left(honest):
+    """A cheater that commits to a forged residual left (to compress its next delta with a poison) is
+    caught here; the verifier's chain check holds the next contribution to it."""
+    drill, j, result = honest
+    state = AuditState.from_bytes(result.audit_state(0))
+    forged = {n: t + 1e-2 * t.abs().mean() for n, t in state.residual_out.items()}
+    blob = dataclasses.replace(state, residual_out=forged).to_bytes()
+    finding = _audit(drill, j, result, 0, blob=blob)  # not the committed residual left
+    assert finding.guilty and finding.evidence["binding"] == "residual_out", finding
+    committed = result.commitment.model_copy(update={"residual_out": residual_hash(forged)})
+    finding = _audit(drill, j, result, 0, blob=blob, commitment=committed)  # committed, but not derived
+    assert finding.guilty and finding.evidence["binding"] == "residual_out", finding
+    assert "compression left" in finding.reason
+    elsewhere = committed.model_copy(update={"device": "cuda:8.0"})
+    finding = _audit(drill, j, result, 0, blob=blob, commitment=elsewhere)
+    assert finding.guilty and finding.evidence["distance"] > TOLERANCE
+    cut = dataclasses.replace(state, residual_out={}).to_bytes()
+    finding = _audit(
+        drill,
+        j,
+        result,
+        0,
+        blob=cut,
+        commitment=result.commitment.model_copy(update={"residual_out": residual_hash({})}),
+    )
+    assert finding.guilty and finding.evidence["binding"] == "residual_out"

@@ -64,10 +64,12 @@ def test_trace_every_defaults_to_an_eighth_and_never_exceeds_64_hashes():
 def test_an_audit_state_round_trips_and_a_foreign_blob_is_refused():
     state = {"p.w": torch.arange(4.0), "exp_avg.w": torch.ones(4)}
     segment = Segment(3, state, {"p.w": torch.zeros(4)}, [0.1, 0.2])
-    back = AuditState.from_bytes(AuditState(segment, {"w": torch.ones(4)}, {}, {}).to_bytes())
+    blob = AuditState(segment, {"w": torch.ones(4)}, {}, {}, {"w": torch.full((4,), 2.0)}).to_bytes()
+    back = AuditState.from_bytes(blob)
     assert back.segment.step == 3 and back.segment.lrs == [0.1, 0.2]
     torch.testing.assert_close(back.segment.start["p.w"], state["p.w"])
     torch.testing.assert_close(back.residual["w"], torch.ones(4))
+    torch.testing.assert_close(back.residual_out["w"], torch.full((4,), 2.0))
     with pytest.raises(BadRequest):
         AuditState.from_bytes(b"not safetensors")
 
@@ -79,8 +81,10 @@ def test_sealing_commits_to_the_residual_compressed_with_and_audit_states_skip_w
     _, first = replica.seal(replica.train_round(start, 0, lambda: False))
     assert first.commitment.residual == residual_hash({}) and first.residual == {}
     owed = replica.feedback.residual
+    assert first.residual_out is owed and first.commitment.residual_out == residual_hash(owed)
     _, second = replica.seal(replica.train_round(start, 1, lambda: False))
     assert second.residual is owed and second.commitment.residual == residual_hash(owed) != residual_hash({})
+    assert second.commitment.residual_out == residual_hash(replica.feedback.residual) != residual_hash(owed)
     final = second.segments[-1].end
     for index in range(3):
         state = AuditState.from_bytes(second.audit_state(index))

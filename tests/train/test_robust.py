@@ -39,6 +39,20 @@ def test_a_late_worker_claiming_fewer_steps_may_send_a_shorter_delta():
     assert screen([*honest, late], [1.0] * 4 + [0.15])[-1] is None  # ... fits a sixth of the round
 
 
+def test_a_younger_residual_chain_is_held_to_the_norms_of_chains_no_older():
+    """A replacement node's residual has carried less mass than the others' (top-k with error feedback):
+    its delta is shorter, honestly. It is judged against chains no longer than its own, if three."""
+    g = torch.Generator().manual_seed(2)
+    old = [torch.randn(100, generator=g) + 3 for _ in range(5)]
+    joiner = old[0] * 0.35
+    assert screen([*old, joiner], [1.0] * 6)[-1] is not None  # against everyone: under half the median
+    assert screen([*old, joiner], [1.0] * 6, chains=[6] * 5 + [0])[-1] is None  # no peers to judge by
+    joiners = [old[1] * 0.35, old[2] * 0.35, old[3] * 0.05]  # three young ones; one sent next to nothing
+    found = screen([*old, *joiners], [1.0] * 8, chains=[6] * 5 + [1, 0, 1])
+    assert found[5:7] == [None, None] and "norm is under" in found[7][0]
+    assert found[7][1]["peers_median_norm"] < found[7][1]["median_norm"]
+
+
 def test_the_naive_mean_weighs_by_tokens_and_a_big_claim_buys_no_more_than_the_median():
     a, b = torch.ones(3), torch.full((3,), 4.0)
     torch.testing.assert_close(naive_mean([a, b], [3.0, 1.0]), torch.full((3,), 1.75))

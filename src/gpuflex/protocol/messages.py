@@ -325,6 +325,16 @@ class Commitment(Message):
         description="hash of the error-feedback residual the delta was compressed with: binds the delta "
         "to the trace's last state (delta = compress(start - last state + residual))",
     )
+    residual_out: TraceHash | None = Field(
+        None,
+        description="hash of the residual that compression left (what the delta leaves out): the next "
+        "contribution's residual must be this one (or empty, from a fresh worker)",
+    )
+    chain: Annotated[int, Field(ge=0, le=INT32_MAX)] = Field(
+        0,
+        description="compressions its residual has been through: 0 when it is empty, else one more than "
+        "its previous contribution's (a younger residual carries less mass, so a smaller delta)",
+    )
 
 
 class ContributionSubmit(Message):
@@ -359,6 +369,12 @@ class Contribution(Message):
     commitment: Commitment | None = None
     audit_segment: int | None = Field(None, description="drawn for audit: the segment to re-execute")
     audit_state: Sha256 | None = Field(None, description="the state the worker uploaded for the audit")
+    carried: TraceHash | None = Field(
+        None,
+        description="the residual_out its task's previous contribution committed to: its residual must "
+        "be that one or empty (None: no previous contribution, so empty)",
+    )
+    carried_chain: int | None = Field(None, description="that previous contribution's chain")
 
 
 VerdictCheck = Literal["screen", "audit", "no-show"]

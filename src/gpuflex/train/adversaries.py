@@ -14,6 +14,8 @@ last state and the residual, ``audit.py``) or its trace is made up (an audit cat
     poisoner    scaled       its honest delta times 10
                 sign-flip    its honest delta negated
                 alie         mean − z·std of the honest deltas: inside their spread (Baruch et al. 2019)
+                forged-residual  sends ALIE (alone: its delta negated) bound to its honest trace by a
+                             residual forged to make compression yield it (the residual chain catches it)
     shirker     few-steps    trains a quarter of the steps, claims them all (pads its trace)
                 other-data   trains on batches other than its assigned ones, commits to the assigned ones
                 bf16         trains in bfloat16 autocast, claims full precision
@@ -168,6 +170,24 @@ def _alie(delta: Params, s: Situation) -> Params:
 
 
 @dataclass
+class ForgedResidual:
+    """Trains and commits honestly, then forges the residual its delta is compressed with, so that
+    ``compress(delta + decay·residual)`` gives the poison: the audit's binding holds, the chain does not."""
+
+    def play(self, s: Situation) -> RoundResult | None:
+        honest = s.train()
+        if honest is None:
+            return None
+        poison = _alie(honest.delta, s) if len(s.peers) >= 2 else _scaled(honest.delta, -1.0)
+        feedback, decay = s.replica.feedback, s.replica.spec.compression.error_decay
+        feedback.residual = {
+            n: feedback.residual.get(n, torch.zeros_like(t)) + (poison[n] - t) / decay
+            for n, t in honest.delta.items()
+        }
+        return honest
+
+
+@dataclass
 class Shirk:
     """Trains less than claimed (fewer steps, other batches, lower precision) and claims the full round."""
 
@@ -229,6 +249,7 @@ KINDS: dict[str, Kind] = {
     "scaled": Kind("poisoner", lambda: Transform(lambda d, s: _scaled(d, SCALE))),
     "sign-flip": Kind("poisoner", lambda: Transform(lambda d, s: _scaled(d, -1.0))),
     "alie": Kind("poisoner", lambda: Transform(_alie)),
+    "forged-residual": Kind("poisoner", ForgedResidual),
     "few-steps": Kind("shirker", lambda: Shirk(steps=SHIRK)),
     "other-data": Kind("shirker", lambda: Shirk(other_data=True)),
     "bf16": Kind("shirker", lambda: Shirk(precision=torch.bfloat16)),

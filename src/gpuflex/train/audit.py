@@ -20,10 +20,12 @@ state (hashing to ``trace[-1]``), the round's start parameters (hashing to ``sta
 error-feedback residual (hashing to ``residual``) must give the submitted blob: the job's compressor
 applied to ``start - final params + decay·residual`` decodes to the submitted delta, bit for bit on
 the worker's hardware class, else within ``TOLERANCE`` (the same relative L2 distance). A worker that
-trained honestly and sent something else (ALIE, a substitution) fails here. What it does not cover: the
-residual is only hashed, not derived, so a worker that commits to a forged residual (its poisoned vector
-plus its real residual minus its honest delta) passes; catching that needs the chain check
-``residual_r = with_residual(delta_r-1, residual_r-1) - decoded_r-1`` against its previous contribution.
+trained honestly and sent something else (ALIE, a substitution) fails here. The residual that compression
+left must be the committed ``residual_out`` (on another hardware class: the uploaded one hashes to it and
+lies within ``TOLERANCE`` of the auditor's). The verifier holds every contribution's residual to its
+previous contribution's ``residual_out``, so this chain leaves a cheater no residual of its choosing:
+one forged to bind a poisoned delta (its poisoned vector plus its real residual minus its honest delta)
+breaks the chain at the screen, or, committed as the previous round's residual left, fails here.
 
 A mismatch is guilty, with evidence: the segment, which ``binding`` failed (final, origin, residual,
 delta) and the expected and computed values. One audit costs ``every`` inner steps and one compression,
@@ -162,19 +164,26 @@ def _audit(
 
 
 def _binding(spec: TrainingSpec, claim: Claim, state: AuditState, same_class: bool) -> Finding | None:
-    """Why the submitted delta is not ``compress(origin - final params + residual)``, or None if it is."""
+    """Why the submitted delta is not ``compress(origin - final params + residual)``, or the residual
+    left not what that compression left, or None if both are."""
     c = claim.commitment
     final, origin = state.final_state(), state.origin_params()
     hashes = (
         ("final", "its final state is not the trace's last", c.trace[-1], params_hash(final)[:TRACE_HEX]),
         ("origin", "its round's start is not the committed one", c.start, params_hash(origin)),
         ("residual", "its residual is not the committed one", c.residual, residual_hash(state.residual)),
+        (
+            "residual_out",
+            "the residual it left is not the committed one",
+            c.residual_out,
+            residual_hash(state.residual_out),
+        ),
     )
     for binding, reason, expected, got in hashes:
         if expected != got:
             return Finding(True, reason, {"binding": binding, **_diff(str(expected), got)})
     shapes = {n: t.shape for n, t in claim.delta.items()}
-    states = (origin, {n: final.get(f"p.{n}") for n in shapes}, state.residual)
+    states = (origin, {n: final.get(f"p.{n}") for n in shapes}, state.residual, state.residual_out)
     if set(origin) != set(shapes) or any(
         t is None or t.shape != shapes.get(n) for part in states for n, t in part.items()
     ):
@@ -187,16 +196,21 @@ def _binding(spec: TrainingSpec, claim: Claim, state: AuditState, same_class: bo
         _, rebuilt = get_compressor(spec.compression).compress_with_echo(corrected)
     except ValueError as err:  # non-finite values
         return Finding(True, f"its training and residual do not compress: {err}", {"binding": "delta"})
-    if same_class:
-        if any(not torch.equal(rebuilt[n], claim.delta[n]) for n in rebuilt):
-            return Finding(
-                True, "its delta is not its training compressed with its residual", {"binding": "delta"}
-            )
-        return None
-    distance = _distance(claim.delta, rebuilt)
-    if distance > TOLERANCE:
-        evidence: Evidence = {"binding": "delta", "distance": distance, "tolerance": TOLERANCE}
-        return Finding(True, "its delta is not its training compressed with its residual", evidence)
+    left = {n: corrected[n] - rebuilt[n] for n in corrected}
+    pairs = (
+        ("delta", "its delta is not its training compressed with its residual", claim.delta, rebuilt),
+        ("residual_out", "the residual it left is not what compression left", state.residual_out, left),
+    )
+    for binding, reason, got, expected in pairs:
+        if got.keys() != expected.keys():
+            return Finding(True, reason, {"binding": binding})
+        if same_class:
+            if any(not torch.equal(got[n], expected[n]) for n in expected):
+                return Finding(True, reason, {"binding": binding})
+            continue
+        distance = _distance(got, expected)
+        if distance > TOLERANCE:
+            return Finding(True, reason, {"binding": binding, "distance": distance, "tolerance": TOLERANCE})
     return None
 
 

@@ -15,7 +15,10 @@ hardware class, since a CPU's reductions split work by thread.
 The delta is bound to the trace too: the worker commits to the error-feedback residual it compresses
 with (``residual_hash``), so the blob it sends is a function of the trace's last state, its start and
 that residual, and an audit checks it (``audit.py``): training honestly and sending something else
-(ALIE, any substitution) fails.
+(ALIE, any substitution) fails. The residual is chained: the worker also commits to the residual that
+compression leaves (``residual_out``), which its next contribution must compress with (or an empty one,
+from a fresh worker). The verifier checks the chain on every contribution, an audit that the residual
+left is the one compression left; so a residual cannot be forged to bind a poisoned delta.
 
 While it trains, the ``Tracer`` keeps a snapshot of the state at each segment boundary, so the worker
 answers an audit draw with a blob (``AuditState``) and no re-computation. That costs memory (one
@@ -143,11 +146,14 @@ def residual_hash(residual: Params) -> str:
     """``Commitment.residual``: the error-feedback residual a delta is compressed with, as the sender
     holds it just before compressing (``ErrorFeedback.residual``, tensor name -> fp32 tensor; ``{}``
     before the first compression), hashed like a trace entry. With the trace's last state it fixes the
-    blob: ``compress(with_residual(start - last params, residual, decay))``."""
+    blob: ``compress(with_residual(start - last params, residual, decay))``. ``Commitment.residual_out``
+    hashes what the sender holds just after."""
     return params_hash(residual)[:TRACE_HEX]
 
 
-_PARTS = ("start", "end", "final", "residual", "origin")
+EMPTY_RESIDUAL = residual_hash({})  # a fresh worker's: any contribution may start a chain with it
+
+_PARTS = ("start", "end", "final", "residual", "origin", "residual_out")
 
 
 @dataclass(frozen=True)
@@ -157,18 +163,23 @@ class AuditState:
     ``final`` (the training state after the last step, hashing to ``trace[-1]``) and ``origin`` (the
     parameters the round started from, hashing to ``start``) are left out when the segment already holds
     them (the last segment ends in the final state, the first starts at the origin): ``final_state`` and
-    ``origin_params`` fill them in. ``residual`` hashes to ``Commitment.residual``."""
+    ``origin_params`` fill them in. ``residual`` hashes to ``Commitment.residual``, ``residual_out`` to
+    ``Commitment.residual_out`` (an auditor of another hardware class compares its own within a
+    tolerance)."""
 
     segment: Segment
     residual: Params
     final: Params
     origin: Params
+    residual_out: Params
 
     @staticmethod
-    def answer(segments: tuple[Segment, ...], index: int, residual: Params) -> AuditState:
+    def answer(
+        segments: tuple[Segment, ...], index: int, residual: Params, residual_out: Params
+    ) -> AuditState:
         final = segments[-1].end if index != len(segments) - 1 else {}
         origin = {k: v for k, v in segments[0].start.items() if k.startswith("p.")} if index else {}
-        return AuditState(segments[index], residual, final, origin)
+        return AuditState(segments[index], residual, final, origin, residual_out)
 
     def final_state(self) -> Params:
         return self.final or self.segment.end
@@ -179,7 +190,7 @@ class AuditState:
 
     def to_bytes(self) -> bytes:
         seg = self.segment
-        parts = (seg.start, seg.end, self.final, self.residual, self.origin)
+        parts = (seg.start, seg.end, self.final, self.residual, self.origin, self.residual_out)
         tensors = {
             f"{part}/{k}": v for part, state in zip(_PARTS, parts, strict=True) for k, v in state.items()
         }
@@ -200,7 +211,7 @@ class AuditState:
                 raise BadRequest(f"audit state blob has an unexpected tensor {key!r}")
             parts[part][name] = tensor
         segment = Segment(step, parts["start"], parts["end"], lrs)
-        return AuditState(segment, parts["residual"], parts["final"], parts["origin"])
+        return AuditState(segment, parts["residual"], parts["final"], parts["origin"], parts["residual_out"])
 
 
 class Tracer:

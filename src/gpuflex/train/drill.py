@@ -39,17 +39,22 @@ class Drill:
         self.recipe = get_recipe("char-gpt")
         n = len(self.kinds)
         self.data = [self.recipe.build_data(self.corpus, self.spec, i, n) for i in range(n)]
-        configs = [
+        self.configs = [
             TaskConfig(
                 job_id="j", task_id=f"w{i}", role="worker", worker_index=i, num_workers=n, training=self.spec
             )
             for i in range(n)
         ]
-        self.replicas = [Replica(c, self.recipe, d) for c, d in zip(configs, self.data, strict=True)]
+        self.replicas = [Replica(c, self.recipe, d) for c, d in zip(self.configs, self.data, strict=True)]
         self.players = {i: adversaries.get(k) for i, k in enumerate(self.kinds) if k not in (None, LATE)}
         self.global_ = GlobalReplica(build_model(self.spec, self.recipe), self.spec)
         self.global_.round = 0
         self.verifier = Verifier(self.spec, self.recipe, self.data.__getitem__, n)
+        self.last: dict[int, Commitment | None] = {}  # worker -> its last contribution's commitment
+
+    def restart(self, worker: int) -> None:
+        """Worker ``worker``'s task goes to a replacement node: fresh optimizer moments and residual."""
+        self.replicas[worker] = Replica(self.configs[worker], self.recipe, self.data[worker])
 
     def round(self, r: int, draw: Draw) -> tuple[list[Judged], dict[int, RoundResult]]:
         """Train round ``r``, judge it, apply what stands; the judgements and the workers' results."""
@@ -75,7 +80,10 @@ class Drill:
                 train_loss=res.train_loss or None,
                 commitment=res.commitment,
                 audit_segment=draw(i, res.commitment) if res.commitment is not None else None,
+                carried=last.residual_out if (last := self.last.get(i)) else None,
+                carried_chain=last.chain if last else None,
             )
+            self.last[i] = res.commitment
             arrived.append((c, self.replicas[i].decode(blob)))
         if not self.spec.verification.robust:  # as the aggregator: no checks, the token-weighted mean
             self.global_.apply(weighted_mean([(c.tokens, d) for c, d in arrived]))

@@ -88,16 +88,19 @@ def cosine(a: Tensor, b: Tensor) -> float:
 
 
 def screen(
-    flats: list[Tensor], shares: list[float], th: Thresholds = THRESHOLDS
+    flats: list[Tensor], shares: list[float], th: Thresholds = THRESHOLDS, chains: list[int] | None = None
 ) -> list[tuple[str, dict[str, float]] | None]:
     """For each delta, None or (why it is rejected, its numbers). ``shares``: the share of a full round's
-    learning-rate sum its claimed steps take (``schedule.lr_share``).
+    learning-rate sum its claimed steps take (``schedule.lr_share``). ``chains``: how many compressions
+    each sender's error-feedback residual has been through; a delta's lower bound is the median norm of
+    those whose chains are no longer (a younger residual has carried less), if there are three.
 
     Needs three deltas or more: with fewer, a median says nothing about who is odd."""
     if len(flats) < 3:
         return [None] * len(flats)
     norms = [float(x.norm()) for x in flats]
     med = median(norms)
+    chains = chains or [0] * len(flats)
     center = robust_mean(flats, [1.0] * len(flats))
     verdicts: list[tuple[str, dict[str, float]] | None] = []
     for i, x in enumerate(flats):
@@ -105,7 +108,9 @@ def screen(
         if norms[i] > th.norm_high * med:
             verdicts.append((f"its norm is over {th.norm_high:g}× the median", numbers))
             continue
-        if norms[i] < th.norm_low * med * min(1.0, shares[i]):
+        peers = [n for n, chain in zip(norms, chains, strict=True) if chain <= chains[i]]
+        if len(peers) >= 3 and norms[i] < th.norm_low * median(peers) * min(1.0, shares[i]):
+            numbers["peers_median_norm"] = median(peers)
             verdicts.append(
                 (f"its norm is under {th.norm_low:g}× the median for the steps it claims", numbers)
             )

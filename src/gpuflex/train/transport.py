@@ -214,10 +214,21 @@ class LocalTransport:
                 task_id=self.task_id,
                 node_id=self._node(self.task_id),
                 audit_segment=segment,
+                **self._carried(c.round),
                 **c.model_dump(exclude={"round"}),
             )
             self._hub.contributions.setdefault(c.round, {})[self.task_id] = entry  # a resubmission replaces
             return ContributionReceipt(accepted=True, audit_segment=segment)
+
+    def _carried(self, round: int) -> dict[str, str | int | None]:
+        """What this task's latest contribution before ``round`` left (as ``rounds._carried``)."""
+        for earlier in sorted((r for r in self._hub.contributions if r < round), reverse=True):
+            entry = self._hub.contributions[earlier].get(self.task_id)
+            if entry is not None and entry.commitment is not None:
+                return {"carried": entry.commitment.residual_out, "carried_chain": entry.commitment.chain}
+            if entry is not None:
+                break
+        return {}
 
     def submit_audit_state(self, a: AuditStateSubmit) -> None:
         with self._hub.lock:

@@ -14,9 +14,9 @@ round it receives only the aggregated compressed update; the whole state is fetc
 or to resync. The AdamW state lives across rounds, as in DiLoCo.
 
 Each contribution carries a ``Commitment`` (``commitment.py``): inner steps run in deterministic mode
-and are traced, and the commitment names the error-feedback residual the delta is compressed with
-(``Replica.seal``). When the receipt says the contribution was drawn for audit, the worker uploads the
-drawn segment's states, the final state and that residual, and names them with
+and are traced, and the commitment names the error-feedback residual the delta is compressed with and
+the one it leaves (``Replica.seal``). When the receipt says the contribution was drawn for audit, the
+worker uploads the drawn segment's states, the final state and both residuals, and names them with
 ``submit_audit_state``. A task whose config names an ``adversary`` plays that cheater instead
 (``adversaries.py``: tests and demos only).
 """
@@ -93,12 +93,13 @@ class RoundResult:
     commitment: Commitment | None = None  # None for a multi-device replica (no single-process re-run)
     segments: tuple[Segment, ...] = ()  # each trace segment's states, to answer an audit
     residual: Params = field(default_factory=dict)  # the error feedback it was compressed with (``seal``)
+    residual_out: Params = field(default_factory=dict)  # ... and what that compression left
 
     def audit_state(self, segment: int) -> bytes | None:
         """The blob answering an audit of ``segment`` (None: no such segment)."""
         if not 0 <= segment < len(self.segments):
             return None
-        return AuditState.answer(self.segments, segment, self.residual).to_bytes()
+        return AuditState.answer(self.segments, segment, self.residual, self.residual_out).to_bytes()
 
 
 @dataclass(frozen=True)
@@ -152,14 +153,17 @@ class Replica:
         return {n: p.detach().clone() for n, p in self.global_.parameters().items()}
 
     def seal(self, result: RoundResult) -> tuple[bytes, RoundResult]:
-        """Compress ``result.delta`` with error feedback; the commitment names the residual used, which
-        the result keeps to answer an audit (it binds the blob to the trace)."""
-        residual = self.feedback.residual  # replaced, never changed in place, by ``compress``
+        """Compress ``result.delta`` with error feedback; the commitment names the residual used and the
+        one left, which the result keeps to answer an audit (they bind the blob to the trace, and chain
+        this contribution to the next)."""
+        residual, chain = self.feedback.residual, self.feedback.compressions  # ``compress`` replaces them
         blob = self.feedback.compress(result.delta)
         if result.commitment is None:
             return blob, result
-        commitment = result.commitment.model_copy(update={"residual": residual_hash(residual)})
-        return blob, replace(result, commitment=commitment, residual=residual)
+        left = self.feedback.residual
+        update = {"residual": residual_hash(residual), "residual_out": residual_hash(left), "chain": chain}
+        commitment = result.commitment.model_copy(update=update)
+        return blob, replace(result, commitment=commitment, residual=residual, residual_out=left)
 
     def train_round(
         self,
@@ -392,7 +396,7 @@ class _Loop:
             self.answer_audit(submission.round, receipt.audit_segment, result)
 
     def answer_audit(self, round: int, segment: int, result: RoundResult) -> None:
-        """Upload the drawn segment's states, the final state and the residual (a cheater's: what it kept)."""
+        """Upload the drawn segment's states, the final state and both residuals (a cheater's: its own)."""
         blob = result.audit_state(segment)
         if blob is None:
             self.transport.log(f"round {round}: drawn for audit at segment {segment}, which we cannot answer")

@@ -7,7 +7,7 @@ contribution is turned away, not lost silently). Publishing round ``rounds`` com
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Node, Round, Task
@@ -142,6 +142,7 @@ def contributions(session: Session, lease: Lease, round_: int, *, heard_since: f
             Task.id.not_in([c.task_id for c in rows]),
         )
     )
+    carried = _carried(session, lease.job_id, round_, [c.task_id for c in rows])
     return m.ContributionList(
         round=round_,
         contributions=[
@@ -155,11 +156,37 @@ def contributions(session: Session, lease: Lease, round_: int, *, heard_since: f
                 commitment=c.commitment,
                 audit_segment=c.audit_segment,
                 audit_state=c.audit_state,
+                carried=carried[c.task_id].residual_out if c.task_id in carried else None,
+                carried_chain=carried[c.task_id].chain if c.task_id in carried else None,
             )
             for c in rows
         ],
         live_workers=len(rows) + (owing or 0),
     )
+
+
+def _carried(session: Session, job_id: str, round_: int, tasks: list[str]) -> dict[str, m.Commitment]:
+    """Each task's latest commitment before ``round_``: what ``Contribution.carried`` chains to.
+
+    A convicted contribution is gone, but so is its node from the job: its task's next holder starts
+    afresh, with an empty residual."""
+    latest = (
+        select(Contribution.task_id, func.max(Contribution.round).label("round"))
+        .where(Contribution.job_id == job_id, Contribution.round < round_, Contribution.task_id.in_(tasks))
+        .group_by(Contribution.task_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(Contribution.task_id, Contribution.commitment).join(
+            latest,
+            and_(
+                Contribution.job_id == job_id,
+                Contribution.task_id == latest.c.task_id,
+                Contribution.round == latest.c.round,
+            ),
+        )
+    )
+    return {task: m.Commitment.model_validate(commitment) for task, commitment in rows if commitment}
 
 
 def _check_blobs_exist(blobs: BlobStore, *digests: str | None) -> None:

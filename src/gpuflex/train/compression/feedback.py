@@ -37,13 +37,15 @@ def with_residual(
 
 
 class ErrorFeedback:
-    """One sender's residual over a ``compressor``; ``residual`` maps tensor names to what is owed."""
+    """One sender's residual over a ``compressor``; ``residual`` maps tensor names to what is owed, and
+    ``compressions`` counts the blobs it has been carried through (a worker commits to both)."""
 
     def __init__(self, compressor: Compressor, decay: float = 1.0):
         assert 0 < decay <= 1, f"decay {decay}"
         self.compressor = compressor
         self.decay = decay
         self.residual: dict[str, Tensor] = {}
+        self.compressions = 0
         self._previous: dict[str, Tensor] = {}
 
     def compress(self, delta: Mapping[str, Tensor]) -> bytes:
@@ -56,8 +58,10 @@ class ErrorFeedback:
         blob, decoded = self.compressor.compress_with_echo(corrected)
         self._previous = self.residual
         self.residual = {name: corrected[name] - decoded[name] for name in corrected}
+        self.compressions += 1
         return blob, decoded
 
     def revert(self) -> None:
         """Undo the last ``compress``: its blob was not used (refused as stale), nor is its residual."""
         self.residual = self._previous
+        self.compressions -= 1

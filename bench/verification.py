@@ -25,7 +25,9 @@ bounds them (audited, ALIE is convicted: the audit binds the delta to the trace)
 Last stdout line (JSON): detection_rate (overall and per kind, with Clopper-Pearson 95% bounds),
 false_positive_rate (with bounds), extra_compute (verification seconds / training seconds, measured at
 ``--audit-rate``), extra_compute_at_default_rate (screening as measured, the audits' seconds scaled to
-the default rate 0.05),
+the default rate 0.05), extra_compute_long_rounds and audit_share_long_rounds (an honest job of
+512-step rounds, every contribution audited: the audits' fixed costs beside rounds of DiLoCo's length;
+its contributions count in the false positives),
 commitment_bytes_per_round (the largest commitment's JSON), rounds_to_detect (median over adversary
 workers: rounds from its first cheating contribution to its first conviction, 1 = at once).
 """
@@ -54,6 +56,7 @@ from gpuflex.train.recipes import evaluate
 
 DEFAULT_RATE = VerificationSpec().audit_rate  # what a job audits unless it says otherwise (0.05)
 SEGMENTS = 32  # trace hashes per round: an audit re-runs 1/32 of a round; 32 hashes keep a commitment < 1 KB
+LONG_ROUND = 512  # inner steps of the long-round job (DiLoCo's H is 500)
 
 
 def beta_cdf(x: float, a: float, b: float) -> float:
@@ -245,8 +248,14 @@ def main() -> None:
             honest: list[str | None] = [None] * (len(group) - 1) + [LATE]
             run_job([*honest, *group], spec_for(args, rounds), corpus, tally, seed=job, joiners=True)
     salad = word_salad_jobs(60 if not args.quick else 30)
-    tally.honest += salad.honest
-    tally.false_positives += salad.false_positives
+    # rounds as long as DiLoCo's: an audit's fixed costs (loading and hashing states, re-deriving the
+    # delta), which grow with the model alone, shrink beside its segment's re-run, which grows with H
+    long = Tally()
+    long_args = argparse.Namespace(**{**vars(args), "inner_steps": LONG_ROUND})
+    run_job([None] * 7 + [LATE], spec_for(long_args, 2), corpus, long, seed=0)
+    for honest_only in (salad, long):
+        tally.honest += honest_only.honest
+        tally.false_positives += honest_only.false_positives
     # at the job's default audit rate: most ALIE rounds go unaudited, and only the clipping bounds them
     alie_spec = spec_for(args, 6 if args.quick else 12, audit_rate=DEFAULT_RATE)
     clean = run_job([None] * 10, alie_spec, corpus, None, seed=0)
@@ -274,6 +283,8 @@ def main() -> None:
             / tally.train_s,
             4,
         ),
+        "extra_compute_long_rounds": round(long.verify_s / long.train_s, 4),  # H = 512, all audited
+        "audit_share_long_rounds": round(long.audit_s / long.train_s, 4),
         "commitment_bytes_per_round": tally.commitment_bytes,
         "rounds_to_detect": statistics.median(tally.rounds_to_detect) if tally.rounds_to_detect else None,
         "convictions_by_check": tally.checks,

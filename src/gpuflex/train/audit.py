@@ -193,7 +193,7 @@ def _binding(spec: TrainingSpec, claim: Claim, state: AuditState, same_class: bo
     trained = {n: origin[n] - final[f"p.{n}"] for n in origin}
     corrected = with_residual(trained, state.residual, spec.compression.error_decay)
     try:
-        _, rebuilt = get_compressor(spec.compression).compress_with_echo(corrected)
+        rebuilt = get_compressor(spec.compression).echo(corrected)
     except ValueError as err:  # non-finite values
         return Finding(True, f"its training and residual do not compress: {err}", {"binding": "delta"})
     left = {n: corrected[n] - rebuilt[n] for n in corrected}

@@ -96,11 +96,18 @@ class Compressor(ABC):
         For the lossless codec the echoed tensors may share memory with ``tensors``.
         """
         encoded = self._encode_all(tensors)
-        echo = {
+        return self._save(encoded, tensors), self._echo(encoded, tensors)
+
+    def echo(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """What ``decompress(compress(tensors))`` returns (bit for bit), without building the blob: an
+        auditor re-deriving a worker's delta needs no bytes."""
+        return self._echo(self._encode_all(tensors), tensors)
+
+    def _echo(self, encoded: dict[str, Parts], tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return {
             name: self.decode(dict(parts), math.prod(tensors[name].shape)).view(tensors[name].shape)
             for name, parts in encoded.items()
         }
-        return self._save(encoded, tensors), echo
 
     def decompress(self, data: bytes, shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Tensor]:
         """The tensors, as fp32, in the order they were compressed. BadRequest if ``data`` is not a

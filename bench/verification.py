@@ -24,8 +24,10 @@ bounds them (audited, ALIE is convicted: the audit binds the delta to the trace)
 
 Last stdout line (JSON): detection_rate (overall and per kind, with Clopper-Pearson 95% bounds),
 false_positive_rate (with bounds), extra_compute (verification seconds / training seconds, measured at
-``--audit-rate``), extra_compute_at_default_rate (screening as measured, the audits' seconds scaled to
-the default rate 0.05), extra_compute_long_rounds and audit_share_long_rounds (an honest job of
+``--audit-rate``: the workers' tracing — hashing and copying their states for the commitment, which is
+``tracing_share`` of training — plus the verifier's screening and audits), extra_compute_at_default_rate
+(tracing and screening as measured, the audits' seconds scaled to the default rate 0.05),
+extra_compute_long_rounds, tracing_share_long_rounds and audit_share_long_rounds (an honest job of
 512-step rounds, every contribution audited: the audits' fixed costs beside rounds of DiLoCo's length;
 its contributions count in the false positives),
 commitment_bytes_per_round (the largest commitment's JSON), rounds_to_detect (median over adversary
@@ -113,9 +115,16 @@ class Tally:
     caught: dict[str, int] = field(default_factory=dict)
     total: dict[str, int] = field(default_factory=dict)
     rounds_to_detect: list[int] = field(default_factory=list)
-    train_s: float = 0.0
-    verify_s: float = 0.0
+    train_s: float = 0.0  # the workers' training, their tracing left out
+    trace_s: float = 0.0  # the workers' tracing: hashing and copying states for their commitments
+    verify_s: float = 0.0  # the verifier's: screening and audits
     audit_s: float = 0.0  # the audits' part of verify_s
+
+    def extra(self, audit_scale: float = 1.0) -> float:
+        """Verification compute (the workers' tracing, the verifier's screening, the audits' seconds
+        times ``audit_scale``) over training compute."""
+        return (self.trace_s + self.verify_s - self.audit_s * (1 - audit_scale)) / self.train_s
+
     commitment_bytes: int = 0
     checks: dict[str, int] = field(default_factory=dict)
 
@@ -169,7 +178,8 @@ def run_job(
         if tally is not None:
             tally.verify_s += drill.verifier.compute_s - before
             tally.audit_s += drill.verifier.audit_s - audits_before
-            tally.train_s += sum(res.compute_s for res in results.values())
+            tally.trace_s += sum(res.trace_s for res in results.values())
+            tally.train_s += sum(res.compute_s - res.trace_s for res in results.values())
             sizes = [len(res.commitment.model_dump_json()) for res in results.values() if res.commitment]
             tally.commitment_bytes = max(tally.commitment_bytes, *sizes)
             _count(tally, kinds, judged, r, first_cheat, detected)
@@ -276,14 +286,12 @@ def main() -> None:
         "honest_contributions": tally.honest,
         "honest_on_word_salad": salad.honest,  # past the plateau, and in time-budgeted rounds
         "joiner_contributions": tally.joiners,  # honest, in the round a fresh node took the task over
-        "extra_compute": round(tally.verify_s / tally.train_s, 4),
+        "extra_compute": round(tally.extra(), 4),
+        "tracing_share": round(tally.trace_s / tally.train_s, 4),  # of extra_compute: the workers' part
         "audit_rate": args.audit_rate,
-        "extra_compute_at_default_rate": round(
-            (tally.verify_s - tally.audit_s + tally.audit_s * DEFAULT_RATE / max(args.audit_rate, 1e-9))
-            / tally.train_s,
-            4,
-        ),
-        "extra_compute_long_rounds": round(long.verify_s / long.train_s, 4),  # H = 512, all audited
+        "extra_compute_at_default_rate": round(tally.extra(DEFAULT_RATE / max(args.audit_rate, 1e-9)), 4),
+        "extra_compute_long_rounds": round(long.extra(), 4),  # H = 512, all audited
+        "tracing_share_long_rounds": round(long.trace_s / long.train_s, 4),
         "audit_share_long_rounds": round(long.audit_s / long.train_s, 4),
         "commitment_bytes_per_round": tally.commitment_bytes,
         "rounds_to_detect": statistics.median(tally.rounds_to_detect) if tally.rounds_to_detect else None,

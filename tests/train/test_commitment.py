@@ -80,6 +80,7 @@ def test_sealing_commits_to_the_residual_compressed_with_and_audit_states_skip_w
     replica = _replica(spec, corpus)
     _, first = replica.seal(replica.train_round(start, 0, lambda: False))
     assert first.commitment.residual == residual_hash({}) and first.residual == {}
+    assert 0 < first.trace_s < first.compute_s  # tracing is timed apart, within the round's compute
     owed = replica.feedback.residual
     assert first.residual_out is owed and first.commitment.residual_out == residual_hash(owed)
     _, second = replica.seal(replica.train_round(start, 1, lambda: False))

@@ -6,11 +6,23 @@ integer micro-credits so an auditor can re-add them exactly. New fields get defa
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictFloat,
+    StrictInt,
+    WithJsonSchema,
+)
 
 from gpuflex.protocol.spec import JobSpec, TrainingSpec
 
@@ -305,6 +317,41 @@ class RoundState(Message):
 
 
 TraceHash = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$", description="a state hash, truncated to 64 bits")]
+MAX_TRACE = 64  # trace hashes in a commitment: 64 keep its JSON under 1 KB
+
+
+def _trace_from_wire(value: object) -> object:
+    """A trace as sent: the hashes' 8-byte values, concatenated, in base64 (a third of the hex list's
+    bytes, so 64 hashes fit a 1 KB commitment). A list of hex hashes passes through (built in Python)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise ValueError("not base64") from None
+    if len(raw) % 8 or len(raw) > 8 * MAX_TRACE:
+        raise ValueError(f"{len(raw)} bytes: not at most {MAX_TRACE} hashes of 8 bytes")
+    return [raw[i : i + 8].hex() for i in range(0, len(raw), 8)]
+
+
+def _trace_to_wire(trace: list[str]) -> str:
+    return base64.b64encode(b"".join(bytes.fromhex(h) for h in trace)).decode()
+
+
+Trace = Annotated[
+    list[TraceHash],
+    Field(max_length=MAX_TRACE),
+    BeforeValidator(_trace_from_wire),
+    PlainSerializer(_trace_to_wire, return_type=str, when_used="json"),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "contentEncoding": "base64",
+            "maxLength": 4 * MAX_TRACE * 8 // 3 + 4,
+            "description": "hashes of 8 bytes each, concatenated, in base64",
+        }
+    ),
+]
 
 
 class Commitment(Message):
@@ -314,7 +361,7 @@ class Commitment(Message):
     start: Sha256 = Field(description="hash of the parameters the round started from")
     data: Sha256 = Field(description="hash of the sample indices it trained on, in order")
     every: Annotated[int, Field(ge=1, le=INT32_MAX)] = Field(description="inner steps between trace hashes")
-    trace: Annotated[list[TraceHash], Field(max_length=64)] = Field(
+    trace: Trace = Field(
         description="hashes of the training state after steps every, 2·every, …, and after the last"
     )
     device: Annotated[str, Field(max_length=64)] = Field(

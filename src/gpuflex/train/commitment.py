@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,12 +40,11 @@ import torch
 from torch import Tensor, nn
 
 from gpuflex.errors import BadRequest
-from gpuflex.protocol.messages import Commitment
+from gpuflex.protocol.messages import MAX_TRACE, Commitment
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.checkpoint import load_tensors, save_tensors
 
 TRACE_HEX = 16  # trace hashes are sha256 truncated to 64 bits: a forgery still needs 2^64 tries
-MAX_TRACE = 64  # the protocol's bound on a trace's length
 SEGMENTS = 8  # trace hashes per round by default (``VerificationSpec.trace_every``: None)
 
 Params = dict[str, Tensor]
@@ -69,7 +69,7 @@ def params_hash(params: Params) -> str:
     digest = hashlib.sha256()
     for name, t in sorted(params.items()):
         digest.update(name.encode())
-        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+        digest.update(t.detach().cpu().contiguous().numpy())  # its buffer, not a copy
     return digest.hexdigest()
 
 
@@ -215,43 +215,57 @@ class AuditState:
 
 
 class Tracer:
-    """Builds one round's ``Commitment`` as the worker trains, and keeps each segment to answer an audit."""
+    """Builds one round's ``Commitment`` as the worker trains, and keeps each segment to answer an audit.
+    ``seconds``: what that took (hashing and copying states), verification's cost on the worker."""
 
     def __init__(self, start: Params, seed: int, every: int, device: str):
+        began = time.perf_counter()
         self.start = params_hash(start)
         self.seed = seed
         self.every = every
         self.device = device
         self.data = hashlib.sha256()
         self.trace: list[str] = []
-        self.states: list[Params] = []  # at each segment boundary
+        self.states: list[Params] = []  # a copy at each segment boundary: the start, then each end
         self.lrs: list[list[float]] = []
         self.steps = 0
+        self.seconds = time.perf_counter() - began
 
     def before_step(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Tensor, ...]
     ) -> None:
-        if self.steps % self.every == 0:
+        began = time.perf_counter()
+        if self.steps == 0:
             self.states.append(_copy(training_state(model, optimizer)))
+        if self.steps % self.every == 0:
             self.lrs.append([])
         self.data.update(batch_bytes(batch))
         self.lrs[-1].append(optimizer.param_groups[0]["lr"])
+        self.seconds += time.perf_counter() - began
 
     def after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.steps += 1
         if self.steps % self.every == 0:
-            self.trace.append(trace_hash(model, optimizer))
+            self._boundary(model, optimizer)
+
+    def _boundary(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Copy the state once: the copy is the segment's end, the next one's start, and what is hashed."""
+        began = time.perf_counter()
+        self.states.append(_copy(training_state(model, optimizer)))
+        self.trace.append(params_hash(self.states[-1])[:TRACE_HEX])
+        self.seconds += time.perf_counter() - began
 
     def commit(
         self, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> tuple[Commitment, tuple[Segment, ...]]:
         """The commitment once training stopped (the last, partial segment hashed too), and the segments."""
         if self.steps % self.every:
-            self.trace.append(trace_hash(model, optimizer))
-        ends = [*self.states[1:], _copy(training_state(model, optimizer))]
+            self._boundary(model, optimizer)
         segments = tuple(
             Segment(i * self.every, start, end, lrs)
-            for i, (start, end, lrs) in enumerate(zip(self.states, ends, self.lrs, strict=True))
+            for i, (start, end, lrs) in enumerate(
+                zip(self.states[:-1], self.states[1:], self.lrs, strict=True)
+            )
         )
         commitment = Commitment(
             seed=self.seed,

@@ -94,6 +94,7 @@ class RoundResult:
     segments: tuple[Segment, ...] = ()  # each trace segment's states, to answer an audit
     residual: Params = field(default_factory=dict)  # the error feedback it was compressed with (``seal``)
     residual_out: Params = field(default_factory=dict)  # ... and what that compression left
+    trace_s: float = 0.0  # of compute_s: building the commitment (hashing and copying states)
 
     def audit_state(self, segment: int) -> bytes | None:
         """The blob answering an audit of ``segment`` (None: no such segment)."""
@@ -213,9 +214,17 @@ class Replica:
                 if self.after_step is not None:
                     self.after_step(time.monotonic() - step_began)
         delta = {n: start[n] - p.detach().cpu() for n, p in self.model.named_parameters()}
-        compute_s = time.monotonic() - began - late_s
         commitment, segments = tracer.commit(self.model, self.optimizer) if self.group is None else (None, ())
-        return RoundResult(delta, len(losses), sum(losses) / len(losses), compute_s, commitment, segments)
+        compute_s = time.monotonic() - began - late_s
+        return RoundResult(
+            delta,
+            len(losses),
+            sum(losses) / len(losses),
+            compute_s,
+            commitment,
+            segments,
+            trace_s=tracer.seconds,
+        )
 
     def _done(self, began: float, steps: int) -> float:
         """The share of this round's work done: its steps, or its time budget."""

@@ -5,10 +5,10 @@ Checks, cheapest first; the first that fails convicts (``check="screen"``):
 1. a commitment, and one that fits the round: a seed this round assigns to some worker (which also
    says whose shard it trained on), the round's start (unless workers ``overlap``, whose start is their
    own), a residual (what binds the delta to the trace) that is the one its task's previous
-   contribution left (``Contribution.carried``) or empty (a fresh worker's), the residual it leaves
-   (the next one's), the spec's ``every``, a trace as long as its claimed steps need, no more steps
-   than the round; and its ``data`` hash equals the batches that seed draws (sampling only). A stale
-   replay fails here.
+   contribution left, with a chain count one more (``Contribution.carried``, ``carried_chain``), or
+   empty with a count of 0 (a fresh worker's), the residual it leaves (the next one's), the spec's
+   ``every``, a trace as long as its claimed steps need, no more steps than the round; and its ``data``
+   hash equals the batches that seed draws (sampling only). A stale replay fails here.
 2. ``robust.screen``: norm against the median, cosine against the others' robust center. A delta's
    lower bound is set by the deltas whose residual chains are no longer than its own: a worker that
    joined later (a replacement node) compresses with a residual that has carried less mass over

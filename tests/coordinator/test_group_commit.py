@@ -70,3 +70,23 @@ def test_nodes_asking_at_once_over_http_each_get_one_task_and_no_task_is_leased_
     with coordinator.ctx.tx() as s:
         holders = list(s.scalars(select(Lease.node_id).where(Lease.state == "active")))
     assert sorted(holders) == sorted(n.key.node_id for n in nodes)
+
+
+def test_every_call_of_a_batch_hears_back_even_if_counting_an_answer_fails(coordinator):
+    """Once its batch is committed, a call is answered: a failing metric or log does not strand the
+    rest of the batch (nor stop the writer thread)."""
+
+    class Flaky(LeaseGranter):
+        def answered(self, call, answer):
+            raise RuntimeError("the metrics backend is down")
+
+    nodes = [coordinator.node(f"c{i}", price=0.1) for i in range(3)]
+    _job(coordinator, workers=2)
+    writer = Flaky(coordinator.ctx, CoordinatorMetrics(coordinator.ctx))
+    writer.start()
+    try:
+        for _ in range(2):  # the thread survives a first batch
+            answers = [f.result(timeout=30) for f in [writer.submit(_call(n)) for n in nodes]]
+        assert all(a is None or a.job_id for a in answers)
+    finally:
+        writer.stop()

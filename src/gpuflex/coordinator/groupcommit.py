@@ -94,9 +94,12 @@ class GroupCommit(Generic[Call, Answer]):
         for (call, done), answer in zip(batch, answers, strict=True):
             if isinstance(answer, Unauthorized):
                 done.set_exception(answer)
-            else:
+                continue
+            done.set_result(answer)  # committed: whatever counting it does, the caller hears back
+            try:
                 self.answered(call, answer)
-                done.set_result(answer)
+            except Exception:
+                log.exception("counting an answered %s call failed", self.name)
 
 
 class HeartbeatWriter(GroupCommit[registry.Beat, HeartbeatAck]):

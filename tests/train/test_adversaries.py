@@ -109,6 +109,9 @@ def test_a_chain_count_that_does_not_follow_the_previous_one_is_convicted(corpus
     drill = Drill(_spec(2), corpus, [None] * 5)
     drill.round(0, lambda worker, c: None)
     drill.replicas[1].feedback.compressions += 3
+    drill.restart(2)  # a fresh worker, which then claims a long chain for its empty residual
+    drill.replicas[2].feedback.compressions = 5
     judged, _ = drill.round(1, lambda worker, c: None)
-    assert [j.guilty for j in judged] == [False, True, False, False, False]
+    assert [j.guilty for j in judged] == [False, True, True, False, False]
     assert "chain of 4 compressions" in judged[1].verdict.reason
+    assert "empty, yet it claims 5" in judged[2].verdict.reason

@@ -374,8 +374,10 @@ def test_error_feedback_revert_forgets_the_last_compression():
     kept = feedback.residual["w"].clone()
     feedback.compress({"w": torch.randn(1000)})
     assert not torch.equal(feedback.residual["w"], kept)
+    assert feedback.compressions == 2
     feedback.revert()
     assert torch.equal(feedback.residual["w"], kept)
+    assert feedback.compressions == 1  # the count a worker commits to (its chain) forgets it too
 
 
 def test_error_feedback_does_not_alias_the_callers_delta():

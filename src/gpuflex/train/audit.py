@@ -28,8 +28,8 @@ one forged to bind a poisoned delta (its poisoned vector plus its real residual 
 breaks the chain at the screen, or, committed as the previous round's residual left, fails here.
 
 A mismatch is guilty, with evidence: the segment, which ``binding`` failed (final, origin, residual,
-delta) and the expected and computed values. One audit costs ``every`` inner steps and one compression,
-so auditing a share ``a`` of contributions costs about ``a / segments`` of training.
+residual_out, delta) and the expected and computed values. One audit costs ``every`` inner steps and one
+compression, so auditing a share ``a`` of contributions costs about ``a / segments`` of training.
 """
 
 from __future__ import annotations

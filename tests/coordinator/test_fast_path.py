@@ -180,3 +180,19 @@ def test_a_good_lease_request_is_granted_without_the_app_and_one_with_a_body_rea
     assert (grant.job_id, grant.role, grant.epoch) == (job.id, "aggregator", 1)
     assert held == 204  # one lease per node
     assert with_body == 418 and app.bodies == [b"{}"]  # a lease request has no body: the route judges it
+
+
+def test_forged_calls_naming_a_node_do_not_spend_its_rate_limit(coordinator, layer):
+    """The writer's checkers take a node's token only once its signature checks out: nobody can use up
+    another node's calls by naming it."""
+    fast, _ = layer
+    node = coordinator.node("n1")
+    coordinator.ctx.node_keys[node.key.node_id] = node.key.public_key_hex
+    body = json.dumps({"leases": []}).encode()
+    for _ in range(120):  # more than the layer's burst of 100
+        assert _call(fast, node, body, **{"X-GPUFlex-Signature": "00" * 64}) == 418
+    before = _beats(coordinator, node.key.node_id)
+
+    assert _call(fast, node, body) == 200
+
+    assert _beats(coordinator, node.key.node_id) == before + 1

@@ -4,6 +4,7 @@ request answered as if it had come alone."""
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from sqlalchemy import select
 
 from gpuflex.coordinator.db import Lease, Task
@@ -90,3 +91,26 @@ def test_every_call_of_a_batch_hears_back_even_if_counting_an_answer_fails(coord
         assert all(a is None or a.job_id for a in answers)
     finally:
         writer.stop()
+
+
+def test_a_call_that_fails_its_check_is_refused_with_why_and_never_written(coordinator):
+    """Checks run on the writer's checker threads before a call joins a batch; what one raises is that
+    call's answer, and the calls that pass are written. Stopping writes what the checkers passed."""
+    nodes = [coordinator.node(f"c{i}", price=0.1) for i in range(3)]
+    _job(coordinator, workers=2)
+    writer = LeaseGranter(coordinator.ctx, CoordinatorMetrics(coordinator.ctx))
+
+    def forged() -> None:
+        raise Unauthorized("bad request signature")
+
+    writer.start()
+    refused = writer.submit(_call(nodes[0]), forged)
+    passed = [writer.submit(_call(n), lambda: None) for n in nodes[1:]]
+    writer.stop()
+
+    with pytest.raises(Unauthorized, match="signature"):
+        refused.result(timeout=0)
+    assert all(f.result(timeout=0).job_id for f in passed)
+    with coordinator.ctx.tx() as s:
+        holders = set(s.scalars(select(Lease.node_id).where(Lease.state == "active")))
+    assert holders == {n.key.node_id for n in nodes[1:]}

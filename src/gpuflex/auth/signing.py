@@ -100,7 +100,26 @@ def _public_key(public_key_hex: str) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key_hex))
 
 
-def verify_request(
+@dataclass(frozen=True)
+class SignedRequest:
+    """A request whose signature headers are well formed and fresh; ``verify`` checks the signature.
+
+    Apart because checking an Ed25519 signature is the costly part (about 0.1 ms here, with the GIL
+    released): a coordinator can do it off its event loop."""
+
+    public_key_hex: str
+    signature: bytes
+    message: bytes
+    nonce: str
+
+    def verify(self) -> None:
+        try:
+            _public_key(self.public_key_hex).verify(self.signature, self.message)
+        except (InvalidSignature, ValueError):
+            raise Unauthorized("bad request signature") from None
+
+
+def signed_request(
     public_key_hex: str,
     method: str,
     path: str,
@@ -109,8 +128,8 @@ def verify_request(
     *,
     now: float,
     max_skew_s: float,
-) -> str:
-    """Check a request's signature and freshness; return its nonce (the caller checks replay).
+) -> SignedRequest:
+    """A request's signature headers, checked for form and freshness but not yet verified.
 
     ``headers`` may be case-insensitive (as Starlette's are); the names above are looked up as given.
     """
@@ -125,8 +144,21 @@ def verify_request(
         raise Unauthorized("malformed nonce")
     if abs(now - sent_at) > max_skew_s:
         raise Unauthorized(f"request timestamp is more than {max_skew_s:.0f}s from the coordinator's clock")
-    try:
-        _public_key(public_key_hex).verify(signature, canonical_message(method, path, body, timestamp, nonce))
-    except (InvalidSignature, ValueError):
-        raise Unauthorized("bad request signature") from None
-    return nonce
+    message = canonical_message(method, path, body, timestamp, nonce)
+    return SignedRequest(public_key_hex, signature, message, nonce)
+
+
+def verify_request(
+    public_key_hex: str,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    now: float,
+    max_skew_s: float,
+) -> str:
+    """Check a request's signature and freshness; return its nonce (the caller checks replay)."""
+    signed = signed_request(public_key_hex, method, path, body, headers, now=now, max_skew_s=max_skew_s)
+    signed.verify()
+    return signed.nonce

@@ -3,12 +3,12 @@ import time
 
 import pytest
 
-from gpuflex.auth.signing import HEADER_NODE, NodeKey, node_id_for, verify_request
+from gpuflex.auth.signing import HEADER_NODE, NodeKey, node_id_for, signed_request
 from gpuflex.errors import Unauthorized
 
 
 def _verify(key: NodeKey, headers, *, method="POST", path="/v1/nodes/lease", body=b"{}", now=None, skew=60.0):
-    return verify_request(
+    return signed_request(
         key.public_key_hex,
         method,
         path,
@@ -16,7 +16,7 @@ def _verify(key: NodeKey, headers, *, method="POST", path="/v1/nodes/lease", bod
         headers,
         now=time.time() if now is None else now,
         max_skew_s=skew,
-    )
+    ).verify()
 
 
 def test_a_signed_request_verifies_and_names_its_node():

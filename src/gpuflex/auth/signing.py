@@ -112,11 +112,13 @@ class SignedRequest:
     message: bytes
     nonce: str
 
-    def verify(self) -> None:
+    def verify(self) -> str:
+        """Check the signature; return the nonce (the caller checks replay)."""
         try:
             _public_key(self.public_key_hex).verify(self.signature, self.message)
         except (InvalidSignature, ValueError):
             raise Unauthorized("bad request signature") from None
+        return self.nonce
 
 
 def signed_request(
@@ -146,19 +148,3 @@ def signed_request(
         raise Unauthorized(f"request timestamp is more than {max_skew_s:.0f}s from the coordinator's clock")
     message = canonical_message(method, path, body, timestamp, nonce)
     return SignedRequest(public_key_hex, signature, message, nonce)
-
-
-def verify_request(
-    public_key_hex: str,
-    method: str,
-    path: str,
-    body: bytes,
-    headers: Mapping[str, str],
-    *,
-    now: float,
-    max_skew_s: float,
-) -> str:
-    """Check a request's signature and freshness; return its nonce (the caller checks replay)."""
-    signed = signed_request(public_key_hex, method, path, body, headers, now=now, max_skew_s=max_skew_s)
-    signed.verify()
-    return signed.nonce

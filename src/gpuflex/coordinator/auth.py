@@ -15,7 +15,8 @@ from fastapi import Depends, Request
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from gpuflex.auth.signing import HEADER_NODE, HEADER_SIGNATURE, verify_request
+from gpuflex.auth import signing
+from gpuflex.auth.signing import HEADER_NODE, HEADER_SIGNATURE
 from gpuflex.auth.tokens import API_PREFIX, TASK_PREFIX
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import Account, Lease, Node
@@ -108,9 +109,9 @@ async def verified_signature(signed: SignedRequest, ctx: Ctx) -> tuple[str, str]
             raise Unauthorized("unknown node: register first")
         ctx.node_keys[node_id] = public_key
     method, path, body, headers = signed
-    nonce = verify_request(
+    nonce = signing.signed_request(
         public_key, method, path, body, headers, now=ctx.now(), max_skew_s=ctx.settings.signature_max_skew_s
-    )
+    ).verify()
     return node_id, nonce
 
 

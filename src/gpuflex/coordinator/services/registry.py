@@ -14,7 +14,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, load_only
 
-from gpuflex.auth.signing import HEADER_NODE, node_id_for, verify_request
+from gpuflex.auth.signing import HEADER_NODE, node_id_for, signed_request
 from gpuflex.coordinator.db import Node, Nonce
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Forbidden, Unauthorized
@@ -33,9 +33,9 @@ def check_signature(
 ) -> None:
     """Verify a signed request and burn its nonce; a replayed nonce is refused."""
     method, path, body, headers = request
-    nonce = verify_request(
+    nonce = signed_request(
         public_key, method, path, body, headers, now=now, max_skew_s=settings.signature_max_skew_s
-    )
+    ).verify()
     try:
         with session.begin_nested():
             session.add(Nonce(node_id=node_id, nonce=nonce, seen_at=now))

@@ -18,6 +18,8 @@ from gpuflex.coordinator.ratelimit import RateLimits
 from gpuflex.protocol.messages import LeaseGrant
 from gpuflex.protocol.spec import JobSpec
 
+from .conftest import running_coordinator
+
 
 def _beats(harness, node_id: str) -> int:
     with harness.ctx.sessions() as s:
@@ -111,6 +113,7 @@ def layer(coordinator):
 def test_a_good_heartbeat_is_answered_without_the_app_and_written_once(coordinator, layer):
     fast, app = layer
     node = coordinator.node("n1")
+    del coordinator.ctx.node_keys[node.key.node_id]  # as if it had registered at another replica
     body = json.dumps({"leases": []}).encode()
     assert _call(fast, node, body) == 418  # the key is not read yet: the app's route reads it
     assert app.bodies == [body]
@@ -196,3 +199,22 @@ def test_forged_calls_naming_a_node_do_not_spend_its_rate_limit(coordinator, lay
     assert _call(fast, node, body) == 200
 
     assert _beats(coordinator, node.key.node_id) == before + 1
+
+
+def test_a_node_key_is_known_from_registration_so_its_first_heartbeat_takes_the_fast_path(coordinator, layer):
+    fast, app = layer
+    node = coordinator.node("n1")
+    assert _call(fast, node, json.dumps({"leases": []}).encode()) == 200
+    assert app.bodies == []
+
+
+def test_a_restarted_coordinator_knows_every_node_key_before_the_first_call(
+    coordinator, database_url, tmp_path
+):
+    """So the fleet's first calls after a restart take the fast path, not one key read each."""
+    staying, leaving = coordinator.node("staying"), coordinator.node("leaving")
+    leaving.leave()
+
+    with running_coordinator(database_url, tmp_path / "restarted") as restarted:
+        assert restarted.ctx.node_keys[staying.key.node_id] == staying.key.public_key_hex
+        assert leaving.key.node_id not in restarted.ctx.node_keys

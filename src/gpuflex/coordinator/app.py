@@ -171,6 +171,11 @@ def blob_store(settings: CoordinatorSettings) -> BlobStore:
     return LocalBlobStore(settings.blob_dir)
 
 
+def _public_keys(ctx: CoordinatorContext) -> dict[str, str]:
+    with ctx.read() as s:
+        return registry.public_keys(s)
+
+
 def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorContext | None = None) -> FastAPI:
     """Build the app. Migrations are not run here: ``serve`` and the tests run them first."""
     if ctx is None:
@@ -183,6 +188,9 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        # Every known node's key up front: after a restart the fleet's calls take the fast path at once,
+        # instead of each node's first one reading its key through the route.
+        ctx.node_keys.update(await run_in_threadpool(_public_keys, ctx))
         heartbeats.start()
         lease_granter.start()
         task = asyncio.create_task(_reaper(ctx, metrics))

@@ -36,6 +36,7 @@ async def register(
             return registry.register(s, body, ctx.settings, ctx.now(), interval_s), interval_s
 
     node, interval_s = await run_in_threadpool(run)
+    ctx.node_keys[node.id] = body.public_key  # its calls take the fast path from the first
     charge(request, f"node:{node.id}")
     log.info("node registered", extra={"node_id": node.id, "kind": node.kind})
     return m.NodeRegistered(

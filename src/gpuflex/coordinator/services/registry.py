@@ -193,6 +193,11 @@ def _burn_nonces(session: Session, calls: Sequence[Call], outcome: list, now: fl
             outcome[i] = _replayed()
 
 
+def public_keys(session: Session) -> dict[str, str]:
+    """The public key of every node that has not left, by id: what a replica keeps from its start."""
+    return dict(session.execute(select(Node.id, Node.public_key).where(Node.state != "left")).all())
+
+
 def leave(node: Node, now: float) -> None:
     """The node says goodbye: from ``now`` on, heartbeats are no longer expected of it."""
     if node.online_since is not None:

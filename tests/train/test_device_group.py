@@ -40,3 +40,11 @@ def test_a_worker_spanning_two_ranks_trains_on_both_and_leaves_no_process(corpus
 def test_time_budgets_and_several_ranks_do_not_combine_yet():
     with pytest.raises(SpecError, match="local_devices"):
         parse_job_spec({"name": "x", "training": {"local_devices": 2, "round_seconds": 5}})
+
+
+def test_a_verified_job_refuses_several_ranks_rather_than_convict_every_contribution():
+    # a multi-device replica sends no commitment: the verifier would convict (and slash) honest work
+    with pytest.raises(SpecError, match="no commitment"):
+        parse_job_spec({"name": "x", "training": {"local_devices": 2}})
+    spec = parse_job_spec({"name": "x", "training": {"local_devices": 2, "verification": {"robust": False}}})
+    assert spec.training.local_devices == 2

@@ -28,10 +28,11 @@ false_positive_rate (with bounds), extra_compute (verification seconds / trainin
 ``tracing_share`` of training — plus the verifier's screening and audits), extra_compute_at_default_rate
 (tracing and screening as measured, the audits' seconds scaled to the default rate 0.05),
 extra_compute_long_rounds, tracing_share_long_rounds and audit_share_long_rounds (an honest job of
-512-step rounds, every contribution audited: the audits' fixed costs beside rounds of DiLoCo's length;
-its contributions count in the false positives),
+512-step rounds of 2,048-token batches, traced into 64 segments, every contribution audited: verification's
+costs beside rounds of DiLoCo's length; its contributions count in the false positives),
 commitment_bytes_per_round (the largest commitment's JSON), rounds_to_detect (median over adversary
-workers: rounds from its first cheating contribution to its first conviction, 1 = at once).
+workers caught: rounds from its first cheating contribution to its first conviction, 1 = at once),
+workers_never_caught (per kind: cheating workers convicted in none of their rounds).
 """
 
 from __future__ import annotations
@@ -58,7 +59,13 @@ from gpuflex.train.recipes import evaluate
 
 DEFAULT_RATE = VerificationSpec().audit_rate  # what a job audits unless it says otherwise (0.05)
 SEGMENTS = 32  # trace hashes per round: an audit re-runs 1/32 of a round; 32 hashes keep a commitment < 1 KB
-LONG_ROUND = 512  # inner steps of the long-round job (DiLoCo's H is 500)
+SMALL = ModelSpec(n_layer=1, n_head=2, n_embd=32, block_size=32)  # with batches of 8: 256 tokens a step
+# The long-round job: rounds as long as DiLoCo's (H = 500), a model and batches less tiny (2,048 tokens a
+# step), and the most trace hashes a commitment holds (64, still < 1 KB): an audit re-runs 8 steps of 512.
+LONG_ROUND = 512
+LONG_SEGMENTS = 64
+LONG_MODEL = ModelSpec(n_layer=2, n_head=2, n_embd=64, block_size=64)
+LONG_BATCH = 32
 
 
 def beta_cdf(x: float, a: float, b: float) -> float:
@@ -115,6 +122,7 @@ class Tally:
     caught: dict[str, int] = field(default_factory=dict)
     total: dict[str, int] = field(default_factory=dict)
     rounds_to_detect: list[int] = field(default_factory=list)
+    never_caught: dict[str, int] = field(default_factory=dict)  # kind -> cheating workers never convicted
     train_s: float = 0.0  # the workers' training, their tracing left out
     trace_s: float = 0.0  # the workers' tracing: hashing and copying states for their commitments
     verify_s: float = 0.0  # the verifier's: screening and audits
@@ -130,19 +138,26 @@ class Tally:
 
 
 def spec_for(
-    args: argparse.Namespace, rounds: int, audit_rate: float | None = None, robust: bool = True
+    args: argparse.Namespace,
+    rounds: int,
+    audit_rate: float | None = None,
+    robust: bool = True,
+    *,
+    model: ModelSpec = SMALL,
+    batch_size: int = 8,
+    segments: int = SEGMENTS,
 ) -> TrainingSpec:
     return TrainingSpec(
         rounds=rounds,
         inner_steps=args.inner_steps,
-        batch_size=8,
+        batch_size=batch_size,
         lr=3e-3,
         eval_batches=4,
-        model=ModelSpec(n_layer=1, n_head=2, n_embd=32, block_size=32),
+        model=model,
         compression={"method": "topk", "density": 0.1, "values": "int8"},
         verification={
             "audit_rate": args.audit_rate if audit_rate is None else audit_rate,
-            "trace_every": max(1, args.inner_steps // SEGMENTS),
+            "trace_every": max(1, args.inner_steps // segments),
             "robust": robust,
         },
         round_timeout_s=60,
@@ -185,6 +200,9 @@ def run_job(
             _count(tally, kinds, judged, r, first_cheat, detected)
     if tally is not None:
         tally.rounds_to_detect += detected.values()
+        for worker in first_cheat.keys() - detected.keys():
+            kind = str(kinds[worker])
+            tally.never_caught[kind] = tally.never_caught.get(kind, 0) + 1
     return evaluate(drill.recipe, drill.global_.model, drill.data[0].validation) or float("nan")
 
 
@@ -258,11 +276,14 @@ def main() -> None:
             honest: list[str | None] = [None] * (len(group) - 1) + [LATE]
             run_job([*honest, *group], spec_for(args, rounds), corpus, tally, seed=job, joiners=True)
     salad = word_salad_jobs(60 if not args.quick else 30)
-    # rounds as long as DiLoCo's: an audit's fixed costs (loading and hashing states, re-deriving the
-    # delta), which grow with the model alone, shrink beside its segment's re-run, which grows with H
+    # rounds as long as DiLoCo's: the tracing's and screening's costs, which grow with the model's state
+    # and the round's batch count, shrink beside training, which grows with the tokens a step trains on
     long = Tally()
     long_args = argparse.Namespace(**{**vars(args), "inner_steps": LONG_ROUND})
-    run_job([None] * 7 + [LATE], spec_for(long_args, 2), corpus, long, seed=0)
+    long_spec = spec_for(
+        long_args, 1 if args.quick else 2, model=LONG_MODEL, batch_size=LONG_BATCH, segments=LONG_SEGMENTS
+    )
+    run_job([None] * 3 + [LATE], long_spec, corpus, long, seed=0)
     for honest_only in (salad, long):
         tally.honest += honest_only.honest
         tally.false_positives += honest_only.false_positives
@@ -290,11 +311,12 @@ def main() -> None:
         "tracing_share": round(tally.trace_s / tally.train_s, 4),  # of extra_compute: the workers' part
         "audit_rate": args.audit_rate,
         "extra_compute_at_default_rate": round(tally.extra(DEFAULT_RATE / max(args.audit_rate, 1e-9)), 4),
-        "extra_compute_long_rounds": round(long.extra(), 4),  # H = 512, all audited
+        "extra_compute_long_rounds": round(long.extra(), 4),  # H = 512, 2,048 tokens a step, all audited
         "tracing_share_long_rounds": round(long.trace_s / long.train_s, 4),
         "audit_share_long_rounds": round(long.audit_s / long.train_s, 4),
-        "commitment_bytes_per_round": tally.commitment_bytes,
+        "commitment_bytes_per_round": max(tally.commitment_bytes, long.commitment_bytes),
         "rounds_to_detect": statistics.median(tally.rounds_to_detect) if tally.rounds_to_detect else None,
+        "workers_never_caught": tally.never_caught,  # cheating workers not convicted in any of their rounds
         "convictions_by_check": tally.checks,
         "alie_20pct_val_loss": round(with_alie, 4),  # at the default audit rate
         "clean_val_loss": round(clean, 4),

@@ -25,7 +25,7 @@ def _last_segment(worker, commitment):
     return len(commitment.trace) - 1  # few-steps and adaptive pad the end of their trace
 
 
-@pytest.mark.parametrize("kind", sorted(adversaries.KINDS))
+@pytest.mark.parametrize("kind", sorted(set(adversaries.KINDS) - {"skip-segment"}))
 def test_each_kind_is_caught_within_its_cheating_rounds(corpus, kind):
     rounds = {"jump": adversaries.JUMP_AFTER + 1, "stale": 2, "fake-trace": 2}.get(kind, 1)  # its first cheat
     drill = Drill(_spec(rounds), corpus, [None, None, None, LATE, kind])
@@ -49,6 +49,22 @@ def test_alie_passes_every_screen_and_only_the_audit_of_its_binding_convicts_it(
     judged, _ = drill.round(0, lambda worker, c: 0 if worker == 4 else None)
     assert [j.guilty for j in judged] == [False] * 4 + [True]
     assert judged[4].verdict.check == "audit" and judged[4].verdict.evidence["binding"] == "delta"
+
+
+def test_a_shirker_of_one_segment_passes_every_screen_and_only_an_audit_of_that_segment_sees_it(corpus):
+    """The limit of spot checks: an audit catches it with the chance its segment is drawn."""
+    spec = _spec(1).model_copy(update={"inner_steps": 8})
+    spec = spec.model_copy(update={"verification": spec.verification.model_copy(update={"trace_every": 2})})
+    findings = {}
+    for segment in range(4):
+        drill = Drill(spec, corpus, [None, None, None, None, "skip-segment"])
+        judged, results = drill.round(0, lambda worker, c, segment=segment: segment)
+        assert not any(j.guilty for j in judged[:4])
+        assert results[4].steps == 8  # it claims every step
+        findings[segment] = judged[4].verdict
+    caught = [s for s, v in findings.items() if v.guilty]
+    assert len(caught) == 1, findings
+    assert findings[caught[0]].check == "audit" and "reproduce" in findings[caught[0]].reason
 
 
 def test_an_unknown_kind_is_a_clear_error():

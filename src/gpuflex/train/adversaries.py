@@ -19,6 +19,8 @@ last state and the residual, ``audit.py``) or its trace is made up (an audit cat
     shirker     few-steps    trains a quarter of the steps, claims them all (pads its trace)
                 other-data   trains on batches other than its assigned ones, commits to the assigned ones
                 bf16         trains in bfloat16 autocast, claims full precision
+                skip-segment takes one step of one trace segment a round, claims them all: 1/S of the work
+                             saved, the rest honest, so only an audit of that segment can see it
     adaptive    adaptive     knows the norm screen: a quarter of the steps, rescaled to an honest norm
                 jump         honest for two rounds (builds reputation), then a scaled sign-flip
                 fake-trace   after one honest round, resubmits that delta under a fresh made-up trace
@@ -213,6 +215,20 @@ class Shirk:
 
 
 @dataclass
+class SkipSegment:
+    """Trains honestly but for one trace segment a round, drawn at random, where it takes one step of
+    ``every`` (none would leave two equal trace hashes): the least shirking a trace can hide. With
+    ``every`` = 1 there is nothing to skip, and it trains honestly."""
+
+    def play(self, s: Situation) -> RoundResult | None:
+        spec = s.replica.spec
+        every = trace_every(spec)
+        segments = -(-spec.inner_steps // every)
+        first = random.Random(f"{spec.seed}/{s.replica.worker_index}/{s.label}").randrange(segments) * every
+        return s.train(skip=range(first + 1, first + every))
+
+
+@dataclass
 class Jump:
     rounds: int = 0
 
@@ -253,6 +269,7 @@ KINDS: dict[str, Kind] = {
     "few-steps": Kind("shirker", lambda: Shirk(steps=SHIRK)),
     "other-data": Kind("shirker", lambda: Shirk(other_data=True)),
     "bf16": Kind("shirker", lambda: Shirk(precision=torch.bfloat16)),
+    "skip-segment": Kind("shirker", SkipSegment),
     "adaptive": Kind("adaptive", lambda: Shirk(steps=SHIRK, rescale=True)),
     "jump": Kind("adaptive", Jump),
     "fake-trace": Kind("adaptive", FakeTrace),

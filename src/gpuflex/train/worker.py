@@ -176,6 +176,7 @@ class Replica:
         steps: int | None = None,
         seed: int | None = None,
         precision: torch.dtype | None = None,
+        skip: range = range(0),
     ) -> RoundResult | None:
         """Inner steps from ``start``: ``inner_steps`` of them, or as many as fit in ``round_seconds``.
 
@@ -183,7 +184,8 @@ class Replica:
         or catches up late trains only for the rest of the round, so it does not hold the round up, but
         at least ``LATE_MIN_SHARE`` of it.
         ``steps``, ``seed`` (of the batches) and ``precision`` (autocast dtype) override what the job
-        assigns: only ``adversaries`` use them, to shirk.
+        assigns, and the steps in ``skip`` (after the first) are drawn and traced but not taken: only
+        ``adversaries`` use them, to shirk.
         """
         if self.spec.round_seconds is not None:
             late_s = min(late_s, (1 - LATE_MIN_SHARE) * self.spec.round_seconds)
@@ -209,7 +211,12 @@ class Replica:
                 set_lr(self.optimizer, self.spec, (label + self._done(began, len(losses))) / self.spec.rounds)
                 batch = tuple(t.to(self.device) for t in self.data.sample(generator))
                 tracer.before_step(self.model, self.optimizer, batch)
-                losses.append(step(self.recipe, self.trained, self.model, self.optimizer, batch))
+                skipped = losses and len(losses) in skip
+                losses.append(
+                    losses[-1]
+                    if skipped
+                    else step(self.recipe, self.trained, self.model, self.optimizer, batch)
+                )
                 tracer.after_step(self.model, self.optimizer)
                 if self.after_step is not None:
                     self.after_step(time.monotonic() - step_began)

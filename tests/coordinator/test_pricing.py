@@ -149,6 +149,13 @@ def test_the_cli_prints_a_quote_and_a_jobs_pricing(coordinator, tmp_path):
     assert result.exit_code == 0, result.output
     assert "assumed nodes" in result.output and "c0" in result.output and "duration ≈" in result.output
     assert "every worker paid the clearing price 0.250 credits/h" in result.output
+    assert "shirking" not in result.output  # audited at 0.05 with a 1-credit slash: deterred
+    unaudited = tmp_path / "unaudited.yaml"
+    unaudited.write_text("name: t\nresources: {workers: 2}\ntraining: {verification: {audit_rate: 0}}\n")
+    result = CliRunner().invoke(app, ["quote", str(unaudited), *flags], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "shirking pays in expectation in the first 8 rounds" in result.output
+    assert "nothing is audited" in result.output
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: t\npricing: dutch\n")
     failed = CliRunner().invoke(app, ["quote", str(bad), *flags])

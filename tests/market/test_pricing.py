@@ -234,6 +234,33 @@ def test_the_cost_is_capped_by_the_budget_which_says_when_it_runs_out():
     assert q.budget_lasts_s == pytest.approx(0.01 / 0.7 * 3600) and q.budget_lasts_s < q.duration_s
 
 
+def _shirking(verification: dict):
+    job = spec(
+        resources={"workers": 2}, training={"rounds": 100, "inner_steps": 100, "verification": verification}
+    )
+    return quote(job, _market())
+
+
+def test_a_quote_says_in_how_many_rounds_shirking_pays_and_the_slash_that_deters_it():
+    q = _shirking({"audit_rate": 0.05, "slash": 0.0})
+    round_pay = 0.2 * q.duration_s / 100 / 3600  # the best-paid worker ("fast") a round
+    # without a slash only the held pay deters: in round r it risks 0.05 x r rounds' pay, less than one
+    # round's pay while r < 20
+    assert q.shirking_pays_rounds == 19
+    assert q.slash_to_deter == pytest.approx(round_pay * 19)
+    deterred = _shirking({"audit_rate": 0.05, "slash": q.slash_to_deter * 1.0001})
+    assert deterred.shirking_pays_rounds == 0
+    # half that slash (9.5 rounds' pay): round 10 risks 0.05 x 19.5 = 0.975 of its pay, round 11 1.025
+    assert _shirking({"audit_rate": 0.05, "slash": q.slash_to_deter * 0.5}).shirking_pays_rounds == 10
+    assert _shirking({"audit_rate": 0.5, "slash": 0.0}).shirking_pays_rounds == 1  # only round 1
+
+
+def test_shirking_pays_in_every_round_of_a_job_that_audits_nothing():
+    for verification in ({"audit_rate": 0.0}, {"robust": False}):
+        q = _shirking(verification)
+        assert q.shirking_pays_rounds == 100 and q.slash_to_deter is None
+
+
 def test_a_job_that_cannot_be_placed_says_why():
     offers = [offer("a", price=0.9), offer("b", price=0.1, region="us")]
     q = quote(spec(resources={"workers": 2, "region": "eu"}), offers)

@@ -78,6 +78,18 @@ def quote(
         console.print(f"auction: every worker paid the clearing price {q.clearing_price:.3f} credits/h")
     if q.budget_lasts_s is not None:
         console.print(f"[bold yellow]the budget runs out first, after ≈ {_duration(q.budget_lasts_s)}[/]")
+    if q.shirking_pays_rounds:
+        remedy = (
+            "nothing is audited: set verification.audit_rate"
+            if q.slash_to_deter is None
+            else f"a verification.slash of {q.slash_to_deter:.6f} credits (or a higher audit rate) deters it"
+        )
+        rounds = q.shirking_pays_rounds
+        console.print(
+            f"[yellow]shirking pays in expectation in the first {rounds} rounds: a worker that skips "
+            f"part of a round saves more than it risks; {remedy}[/]",
+            highlight=False,
+        )
     for assumption in q.assumptions:
         console.print(f"[dim]assumes {assumption}[/]", highlight=False)
 

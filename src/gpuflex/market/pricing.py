@@ -25,7 +25,8 @@ never auctioned: it is paid its own core price.
 
 **Quotes** (``quote``) estimate, before anything is spent, what a job will cost and how long it
 will take, from the current offers and their benchmarked TFLOPS, and name the nodes assumed.
-Duration is ``rounds x (compute + exchange)`` per round (see ``quote`` for the range's rule).
+Duration is ``rounds x (compute + exchange)`` per round (see ``quote`` for the range's rule). A quote
+also says in how many rounds shirking would pay a worker in expectation (``shirking_pays_rounds``).
 
 Pure functions over frozen values, like ``matching``.
 """
@@ -49,7 +50,7 @@ from gpuflex.market.matching import (
     qualifies,
     unmet,
 )
-from gpuflex.protocol.spec import JobSpec, TrainingSpec
+from gpuflex.protocol.spec import JobSpec, TrainingSpec, VerificationSpec
 
 Price = TypeVar("Price", int, float)  # credits per hour, or micro-credits per hour
 
@@ -238,6 +239,8 @@ class Quote:
     cost_high: float | None = None
     budget: float = 0.0
     budget_lasts_s: float | None = None  # set when the budget runs out before the expected duration
+    shirking_pays_rounds: int | None = None  # see ``shirking_pays_rounds``
+    slash_to_deter: float | None = None  # the slash that deters shirking from round 1 (None: no audits)
     assumptions: tuple[str, ...] = ()
 
 
@@ -313,6 +316,7 @@ def _estimate(
     rate_high = rate + max(pricier, 0.0)
     slowest = min(workers, key=lambda o: o.tflops)
     expected = duration(slowest, EFFICIENCY, 0)
+    round_pay = max(paid(w) for w in workers) * expected / training.rounds / 3600  # the best-paid worker's
     low = duration(slowest, EFFICIENCY_HIGH, 0)
     high = duration(min([*workers, *spares], key=lambda o: o.tflops), EFFICIENCY_LOW, REPLACEMENTS)
     budget_lasts = spec.budget / rate * 3600 if rate > 0 else math.inf
@@ -345,8 +349,35 @@ def _estimate(
         cost_high=min(spec.budget, rate_high * high / 3600),
         budget=spec.budget,
         budget_lasts_s=budget_lasts if budget_lasts < expected else None,
+        shirking_pays_rounds=shirking_pays_rounds(training, round_pay),
+        slash_to_deter=slash_to_deter(training.verification, round_pay),
         assumptions=_assumptions(params, training),
     )
+
+
+def shirking_pays_rounds(training: TrainingSpec, round_pay: float) -> int:
+    """In how many rounds, from its first in the job, a worker paid ``round_pay`` a round gains more than
+    it risks, in expectation, by skipping part of its work.
+
+    Skipping a share s of a round saves at most s of the round's pay, and looks honest to every check
+    but an audit of a skipped segment (``bench/README.md``: skip-segment): it is caught with probability
+    audit_rate·s, and then loses the slash and all its pay held for the job, this round's included (a
+    guilty verdict withholds it). Gain and risk both scale with s, so in round r (held pay r·round_pay)
+    it pays iff audit_rate·(slash + r·round_pay) < round_pay. Every round, without audits or screens."""
+    v = training.verification
+    if not v.robust or v.audit_rate == 0:
+        return training.rounds
+    if round_pay <= 0:
+        return 0
+    return min(training.rounds, max(0, math.ceil(1 / v.audit_rate - v.slash / round_pay) - 1))
+
+
+def slash_to_deter(verification: VerificationSpec, round_pay: float) -> float | None:
+    """The least ``verification.slash`` that deters shirking from round 1: audit_rate·(slash + round_pay)
+    >= round_pay. None when nothing is audited (no slash deters what is never checked)."""
+    if not verification.robust or verification.audit_rate == 0:
+        return None
+    return max(0.0, round_pay * (1 / verification.audit_rate - 1))
 
 
 def step_seconds(training: TrainingSpec, tflops: float, efficiency: float = EFFICIENCY) -> float | None:

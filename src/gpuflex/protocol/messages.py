@@ -285,6 +285,14 @@ class Quote(Message):
     cost_high: float | None = None
     budget: float
     budget_lasts_s: float | None = Field(None, description="set when the budget runs out before the job ends")
+    shirking_pays_rounds: int | None = Field(
+        None,
+        description="rounds, from the first, in which a worker that skips part of its work gains more than "
+        "it risks in expectation (audit rate x (slash + its held pay) < its pay for a round); 0: deterred",
+    )
+    slash_to_deter: float | None = Field(
+        None, description="the verification.slash that deters it from the first round; None with no audits"
+    )
     assumptions: list[str] = Field(default_factory=list)
 
 

@@ -14,7 +14,6 @@ TIMEOUT = 120
 
 
 def _one_worker_job(corpus: bytes, local_devices: int) -> tuple[LocalTransport, dict]:
-    # a replica spanning devices commits to no trace (no single process can re-run its steps): unverified
     spec = tiny_spec(rounds=2, local_devices=local_devices, verification={"robust": False})
     transport = LocalTransport(2, live_workers=1)
     with ThreadedJob(transport, spec, transport.put_blob(corpus), num_workers=1) as job:
@@ -42,9 +41,16 @@ def test_time_budgets_and_several_ranks_do_not_combine_yet():
         parse_job_spec({"name": "x", "training": {"local_devices": 2, "round_seconds": 5}})
 
 
-def test_a_verified_job_refuses_several_ranks_rather_than_convict_every_contribution():
-    # a multi-device replica sends no commitment: the verifier would convict (and slash) honest work
-    with pytest.raises(SpecError, match="no commitment"):
-        parse_job_spec({"name": "x", "training": {"local_devices": 2}})
-    spec = parse_job_spec({"name": "x", "training": {"local_devices": 2, "verification": {"robust": False}}})
-    assert spec.training.local_devices == 2
+def test_a_replica_over_two_ranks_commits_and_its_audits_re_run_both_ranks(corpus):
+    """Rank 0 commits for the replica; an audit re-runs a segment on the mean gradient of both ranks'
+    batches (within the cross-class tolerance: an all-reduce's sums are not one process's)."""
+    spec = tiny_spec(rounds=2, local_devices=2, verification={"audit_rate": 1.0, "trace_every": 4})
+    transport = LocalTransport(2, live_workers=1, audit_rate=1.0)
+    with ThreadedJob(transport, spec, transport.put_blob(corpus), num_workers=1) as job:
+        worker = job.start("worker", 0)
+        assert job.start("aggregator").result(timeout=TIMEOUT)["finished"]
+        assert worker.result(timeout=TIMEOUT)["contributed"] == [0, 1]
+    audits = [v for v in transport.verdicts() if v.check == "audit"]
+    assert len(audits) == 2 and not any(v.guilty for v in transport.verdicts()), transport.verdicts()
+    assert all("within tolerance" in v.reason for v in audits)
+    assert all(v.evidence["distance"] < 1e-5 for v in audits)  # far inside the 1e-3 tolerance

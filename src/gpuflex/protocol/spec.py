@@ -157,12 +157,6 @@ class TrainingSpec(_Strict):
             raise ValueError(
                 "round_seconds does not combine with local_devices > 1 yet (ranks step in lockstep)"
             )
-        if self.local_devices > 1 and self.verification.robust:
-            # the verifier would convict every contribution for its missing commitment, and slash honest nodes
-            raise ValueError(
-                "a replica over local_devices > 1 sends no commitment yet, so its work cannot be verified: "
-                "set verification.robust: false (for providers you trust) or local_devices: 1"
-            )
         return self
 
 

@@ -94,14 +94,18 @@ def audit(
     blob: bytes,
     *,
     model: torch.nn.Module | None = None,
+    ranks: list[list[Batch]] | None = None,
 ) -> Finding:
     """Re-execute ``claim.segment`` from ``blob`` (the worker's ``AuditState``) against the commitment,
     and check that the submitted delta is the compressed difference of the round's start and last state.
 
     ``batches``: the round's batches the commitment's seed draws from the worker's shard, in order.
-    ``model``: one of the recipe's models to re-run in (overwritten), to spare building one per audit."""
+    ``model``: one of the recipe's models to re-run in (overwritten), to spare building one per audit.
+    ``ranks``: for a replica over several devices, the batches each other rank drew (at least up to the
+    segment's end): each step re-runs on the mean gradient of all ranks' batches."""
     began = time.perf_counter()
-    finding = _audit(spec, recipe, batches, claim, blob, model or build_model(spec, recipe))
+    model = model or build_model(spec, recipe)
+    finding = _audit(spec, recipe, batches, claim, blob, model, ranks or [])
     evidence = {"segment": claim.segment, **finding.evidence}
     return Finding(finding.guilty, finding.reason, evidence, time.perf_counter() - began)
 
@@ -113,6 +117,7 @@ def _audit(
     claim: Claim,
     blob: bytes,
     model: torch.nn.Module,
+    ranks: list[list[Batch]],
 ) -> Finding:
     c, seg_index = claim.commitment, claim.segment
     try:
@@ -149,10 +154,10 @@ def _audit(
     except BadRequest as err:
         return Finding(True, f"its audit state does not fit the model: {err.message}")
     with deterministic():
-        for batch, lr in zip(batches[first : first + count], lrs, strict=True):
+        for k, (batch, lr) in enumerate(zip(batches[first : first + count], lrs, strict=True)):
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            step(recipe, model, model, optimizer, batch)
+            step(recipe, model, model, optimizer, batch, *(rank[first + k] for rank in ranks))
     expected, got = c.trace[seg_index], trace_hash(model, optimizer)
     if same_class:
         if expected != got:

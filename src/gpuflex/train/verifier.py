@@ -52,7 +52,7 @@ from gpuflex.protocol.messages import Contribution, VerdictSubmit
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.audit import Claim, audit
 from gpuflex.train.commitment import EMPTY_RESIDUAL, data_hash, trace_every
-from gpuflex.train.data import round_seed
+from gpuflex.train.data import round_generator, round_seed
 from gpuflex.train.recipes import Batch, Recipe, TaskData, build_model
 from gpuflex.train.robust import THRESHOLDS, Delta, Thresholds, flatten, screen
 from gpuflex.train.schedule import lr_share
@@ -126,7 +126,9 @@ class Verifier:
             return self._verdict(round, c, True, "no-show", "its audit state never came", {})
         assert c.commitment is not None and c.audit_segment is not None and j.worker is not None, "screened"
         claim = Claim(round, c.steps, c.commitment, c.audit_segment, j.delta)
-        finding = audit(self.spec, self.recipe, j.batches, claim, blob, model=self.scratch)
+        end = min(c.steps, (c.audit_segment + 1) * c.commitment.every)
+        ranks = [self._batches(j.worker, round, rank, end) for rank in range(1, self.spec.local_devices)]
+        finding = audit(self.spec, self.recipe, j.batches, claim, blob, model=self.scratch, ranks=ranks)
         self.compute_s += finding.compute_s
         self.audit_s += finding.compute_s
         return self._verdict(round, c, finding.guilty, "audit", finding.reason, finding.evidence)
@@ -154,12 +156,17 @@ class Verifier:
             return f"its trace is every {m.every} steps, the job's every {trace_every(spec)}"
         if not 0 < c.steps <= spec.inner_steps or len(m.trace) != -(-c.steps // m.every):
             return f"its trace has {len(m.trace)} hashes for the {c.steps} steps it claims"
-        generator = torch.Generator().manual_seed(m.seed)
-        data = self.data_for(j.worker)
-        j.batches = [data.sample(generator) for _ in range(c.steps)]
+        j.batches = self._batches(j.worker, round, 0, c.steps)
         if data_hash(j.batches) != m.data:
             return "the batches it committed to are not the ones its seed draws"
         return None
+
+    def _batches(self, worker: int, round: int, rank: int, count: int) -> list[Batch]:
+        """The first ``count`` batches ``rank`` of ``worker``'s replica draws in ``round`` (rank 0: the
+        seed its commitment names)."""
+        generator = round_generator(self.spec.seed, worker, round, rank)
+        data = self.data_for(worker)
+        return [data.sample(generator) for _ in range(count)]
 
     def _loss_gain(self, round: int, params: Delta, alive: list[Judged]) -> None:
         for j in alive:

@@ -90,7 +90,7 @@ class RoundResult:
     steps: int  # claimed: an adversary may claim more than it did
     train_loss: float
     compute_s: float
-    commitment: Commitment | None = None  # None for a multi-device replica (no single-process re-run)
+    commitment: Commitment | None = None  # None for a follower rank (its result is dropped)
     segments: tuple[Segment, ...] = ()  # each trace segment's states, to answer an audit
     residual: Params = field(default_factory=dict)  # the error feedback it was compressed with (``seal``)
     residual_out: Params = field(default_factory=dict)  # ... and what that compression left
@@ -198,7 +198,9 @@ class Replica:
                 p.copy_(start[name])
         seed = round_seed(self.spec.seed, self.worker_index, label, rank) if seed is None else seed
         generator = torch.Generator().manual_seed(seed)
-        tracer = Tracer(start, seed, trace_every(self.spec), device_class(self.device))
+        # rank 0 commits for the replica (every rank holds the same state); the others' batches follow
+        # from their seeds, so an auditor re-runs all of them (``audit.py``)
+        tracer = Tracer(start, seed, trace_every(self.spec), self.device_class()) if rank == 0 else None
         budget = self.spec.inner_steps if steps is None else steps
         self.model.train()
         losses: list[float] = []
@@ -210,18 +212,20 @@ class Replica:
                 step_began = time.monotonic()
                 set_lr(self.optimizer, self.spec, (label + self._done(began, len(losses))) / self.spec.rounds)
                 batch = tuple(t.to(self.device) for t in self.data.sample(generator))
-                tracer.before_step(self.model, self.optimizer, batch)
+                if tracer:
+                    tracer.before_step(self.model, self.optimizer, batch)
                 skipped = losses and len(losses) in skip
                 losses.append(
                     losses[-1]
                     if skipped
                     else step(self.recipe, self.trained, self.model, self.optimizer, batch)
                 )
-                tracer.after_step(self.model, self.optimizer)
+                if tracer:
+                    tracer.after_step(self.model, self.optimizer)
                 if self.after_step is not None:
                     self.after_step(time.monotonic() - step_began)
         delta = {n: start[n] - p.detach().cpu() for n, p in self.model.named_parameters()}
-        commitment, segments = tracer.commit(self.model, self.optimizer) if self.group is None else (None, ())
+        commitment, segments = tracer.commit(self.model, self.optimizer) if tracer else (None, ())
         compute_s = time.monotonic() - began - late_s
         return RoundResult(
             delta,
@@ -230,8 +234,14 @@ class Replica:
             compute_s,
             commitment,
             segments,
-            trace_s=tracer.seconds,
+            trace_s=tracer.seconds if tracer else 0.0,
         )
+
+    def device_class(self) -> str:
+        """Its commitment's hardware class: a replica over several ranks averages their gradients by an
+        all-reduce, whose sums an auditor's one process does not reproduce bit for bit."""
+        own = device_class(self.device)
+        return f"{own}/ddp{self.group.size}" if self.group else own
 
     def _done(self, began: float, steps: int) -> float:
         """The share of this round's work done: its steps, or its time budget."""
@@ -250,12 +260,26 @@ def inner_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.O
 
 
 def step(
-    recipe: Recipe, trained: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
+    recipe: Recipe,
+    trained: torch.nn.Module,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch,
+    *ranks,
 ) -> float:
-    """One inner AdamW step on ``batch`` (the worker's, and an auditor's re-run of it); returns the loss."""
-    loss = recipe.loss(trained, batch)
+    """One inner AdamW step on ``batch`` (the worker's, and an auditor's re-run of it); returns its loss.
+
+    ``ranks``: the other ranks' batches of a replica over several devices, in an auditor's re-run: the
+    step takes the mean of all the batches' gradients, as the replica's all-reduce did."""
     optimizer.zero_grad(set_to_none=True)
+    loss = recipe.loss(trained, batch)
     loss.backward()
+    for other in ranks:
+        recipe.loss(trained, other).backward()
+    if ranks:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.div_(1 + len(ranks))
     torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     optimizer.step()
     return loss.item()

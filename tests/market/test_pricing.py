@@ -255,6 +255,29 @@ def test_a_quote_says_in_how_many_rounds_shirking_pays_and_the_slash_that_deters
     assert _shirking({"audit_rate": 0.5, "slash": 0.0}).shirking_pays_rounds == 1  # only round 1
 
 
+@given(
+    rate=st.floats(0.001, 1.0),
+    slash=st.floats(0.0, 100.0),
+    round_pay=st.floats(1e-6, 10.0),
+    rounds=st.integers(1, 100_000),
+)
+def test_shirking_pays_in_the_rounds_it_counts_and_no_later_and_the_slash_to_deter_ends_them(
+    rate, slash, round_pay, rounds
+):
+    training = spec(
+        training={"rounds": rounds, "verification": {"audit_rate": rate, "slash": slash}}
+    ).training
+    n = pricing.shirking_pays_rounds(training, round_pay)
+
+    def risk(r: int, slash: float = slash) -> float:  # over the gain, per share shirked, in round r
+        return rate * (slash + r * round_pay) / round_pay
+
+    assert 0 <= n <= rounds
+    assert n == 0 or risk(n) < 1 + 1e-9  # the last round it counts pays (up to rounding)
+    assert n == rounds or risk(n + 1) > 1 - 1e-9  # and the next does not
+    assert risk(1, pricing.slash_to_deter(training.verification, round_pay)) > 1 - 1e-9
+
+
 def test_shirking_pays_in_every_round_of_a_job_that_audits_nothing():
     for verification in ({"audit_rate": 0.0}, {"robust": False}):
         q = _shirking(verification)

@@ -365,7 +365,7 @@ def shirking_pays_rounds(training: TrainingSpec, round_pay: float) -> int:
     guilty verdict withholds it). Gain and risk both scale with s, so in round r (held pay r·round_pay)
     it pays iff audit_rate·(slash + r·round_pay) < round_pay. Every round, without audits or screens."""
     v = training.verification
-    if not v.robust or v.audit_rate == 0:
+    if slash_to_deter(v, round_pay) is None:
         return training.rounds
     if round_pay <= 0:
         return 0

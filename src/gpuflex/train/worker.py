@@ -184,7 +184,7 @@ class Replica:
         or catches up late trains only for the rest of the round, so it does not hold the round up, but
         at least ``LATE_MIN_SHARE`` of it.
         ``steps``, ``seed`` (of the batches) and ``precision`` (autocast dtype) override what the job
-        assigns, and the steps in ``skip`` (after the first) are drawn and traced but not taken: only
+        assigns, and the steps in ``skip`` (never the first) are drawn and traced but not taken: only
         ``adversaries`` use them, to shirk.
         """
         if self.spec.round_seconds is not None:
@@ -214,10 +214,9 @@ class Replica:
                 batch = tuple(t.to(self.device) for t in self.data.sample(generator))
                 if tracer:
                     tracer.before_step(self.model, self.optimizer, batch)
-                skipped = losses and len(losses) in skip
                 losses.append(
                     losses[-1]
-                    if skipped
+                    if len(losses) in skip
                     else step(self.recipe, self.trained, self.model, self.optimizer, batch)
                 )
                 if tracer:

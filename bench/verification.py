@@ -32,7 +32,11 @@ extra_compute_long_rounds, tracing_share_long_rounds and audit_share_long_rounds
 costs beside rounds of DiLoCo's length; its contributions count in the false positives),
 commitment_bytes_per_round (the largest commitment's JSON), rounds_to_detect (median over adversary
 workers caught: rounds from its first cheating contribution to its first conviction, 1 = at once),
-workers_never_caught (per kind: cheating workers convicted in none of their rounds).
+workers_never_caught (per kind: cheating workers convicted in none of their rounds), peer_audits (jobs
+whose drawn contributions a second provider re-runs, ``PEER_SEGMENTS`` segments from the drawn one, with
+the core node re-running only a dispute's first divergent segment: detection per kind, false positives,
+the core node's audit seconds beside the same share without peers, and the peers' seconds, over
+training; their honest contributions count in the false positives too).
 """
 
 from __future__ import annotations
@@ -66,6 +70,11 @@ LONG_ROUND = 512
 LONG_SEGMENTS = 64
 LONG_MODEL = ModelSpec(n_layer=2, n_head=2, n_embd=64, block_size=64)
 LONG_BATCH = 32
+# Peer audits: a second provider re-runs a quarter of a round from each drawn segment; the kinds they
+# are measured against: the one-segment shirker a single re-run segment rarely sees, and two that cheat
+# on every step
+PEER_SEGMENTS = 8
+PEER_KINDS = ["skip-segment", "skip-segment", "few-steps", "bf16"]
 
 
 def beta_cdf(x: float, a: float, b: float) -> float:
@@ -127,6 +136,7 @@ class Tally:
     trace_s: float = 0.0  # the workers' tracing: hashing and copying states for their commitments
     verify_s: float = 0.0  # the verifier's: screening and audits
     audit_s: float = 0.0  # the audits' part of verify_s
+    peer_s: float = 0.0  # with peer audits: the peers' re-runs
 
     def extra(self, audit_scale: float = 1.0) -> float:
         """Verification compute (the workers' tracing, the verifier's screening, the audits' seconds
@@ -146,6 +156,7 @@ def spec_for(
     model: ModelSpec = SMALL,
     batch_size: int = 8,
     segments: int = SEGMENTS,
+    peer_segments: int = 0,
 ) -> TrainingSpec:
     return TrainingSpec(
         rounds=rounds,
@@ -159,6 +170,7 @@ def spec_for(
             "audit_rate": args.audit_rate if audit_rate is None else audit_rate,
             "trace_every": max(1, args.inner_steps // segments),
             "robust": robust,
+            "peer_segments": peer_segments,
         },
         round_timeout_s=60,
     )
@@ -188,11 +200,12 @@ def run_job(
             drill.restart(honest[(r - 1) % len(honest)])
             if tally is not None:
                 tally.joiners += 1
-        before, audits_before = drill.verifier.compute_s, drill.verifier.audit_s
+        before, audits_before, peers_before = drill.verifier.compute_s, drill.verifier.audit_s, drill.peer_s
         judged, results = drill.round(r, draw)
         if tally is not None:
             tally.verify_s += drill.verifier.compute_s - before
             tally.audit_s += drill.verifier.audit_s - audits_before
+            tally.peer_s += drill.peer_s - peers_before
             tally.trace_s += sum(res.trace_s for res in results.values())
             tally.train_s += sum(res.compute_s - res.trace_s for res in results.values())
             sizes = [len(res.commitment.model_dump_json()) for res in results.values() if res.commitment]
@@ -264,7 +277,7 @@ def main() -> None:
     parser.add_argument("--audit-rate", type=float, default=1.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    kinds = list(adversaries.KINDS)
+    kinds = list(adversaries.TRAINING_KINDS)
     rounds = 3 if args.quick else 8
     corpus = build_corpus("stdlib", 400_000, [".py"])
     tally = Tally()
@@ -284,7 +297,14 @@ def main() -> None:
         long_args, 1 if args.quick else 2, model=LONG_MODEL, batch_size=LONG_BATCH, segments=LONG_SEGMENTS
     )
     run_job([None] * 3 + [LATE], long_spec, corpus, long, seed=0)
-    for honest_only in (salad, long):
+    # peer audits: another worker re-runs PEER_SEGMENTS segments from each drawn one, the core node
+    # re-runs only the first segment of a dispute
+    peer = Tally()
+    peer_kinds: list[str | None] = [None, None, None, LATE, *PEER_KINDS]
+    for job in range(jobs):
+        spec = spec_for(args, rounds, peer_segments=PEER_SEGMENTS)
+        run_job(peer_kinds, spec, corpus, peer, seed=job, joiners=True)
+    for honest_only in (salad, long, peer):
         tally.honest += honest_only.honest
         tally.false_positives += honest_only.false_positives
     # at the job's default audit rate: most ALIE rounds go unaudited, and only the clipping bounds them
@@ -318,6 +338,17 @@ def main() -> None:
         "rounds_to_detect": statistics.median(tally.rounds_to_detect) if tally.rounds_to_detect else None,
         "workers_never_caught": tally.never_caught,  # cheating workers not convicted in any of their rounds
         "convictions_by_check": tally.checks,
+        "peer_audits": {
+            "peer_segments": PEER_SEGMENTS,
+            "detection_rate": {k: round(peer.caught[k] / peer.total[k], 4) for k in PEER_KINDS},
+            "contributions": sum(peer.total.values()),
+            "honest_contributions": peer.honest,
+            "false_positives": peer.false_positives,
+            "core_audit_share": round(peer.audit_s / peer.train_s, 4),  # checks, and re-runs of disputes
+            "core_audit_share_without_peers": round(tally.audit_s / tally.train_s, 4),
+            "peer_share": round(peer.peer_s / peer.train_s, 4),
+            "convictions_by_check": peer.checks,
+        },
         "alie_20pct_val_loss": round(with_alie, 4),  # at the default audit rate
         "clean_val_loss": round(clean, 4),
         "alie_loss_gap": round(with_alie / clean - 1, 4),

@@ -136,3 +136,36 @@ def test_a_cheating_provider_is_convicted_slashed_barred_and_the_job_completes(t
         # it. tests/coordinator/test_verification.py holds the re-leasing to an honest node.
         assert cheater.wallet().slashed == pytest.approx(sum(v.slashed for v in guilty))
         _check_money(client, job_id)
+
+
+def test_a_peer_that_frames_an_honest_provider_is_convicted_by_the_core_node_and_the_job_completes(tmp_path):
+    """Peer audits on the real network: the two workers re-run each other's drawn segments; the framer
+    (cheapest, so placed) reports a hash it did not compute, the core node re-runs that one segment,
+    clears the honest provider and convicts the framer, whose task goes to the spare (which may join
+    only as the job ends: its rounds are short)."""
+    from gpuflex.auth.signing import NodeKey
+    from gpuflex.client import NodeClient
+
+    write_corpus(tmp_path / "data")
+    verification = {"audit_rate": 1.0, "trace_every": 3, "peer_segments": 5}  # 15 steps: 5 segments
+    spec = small_job(tmp_path / "data", workers=2, rounds=3, verification=verification)
+    with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
+        client = _start(net, community=2)  # c0 works beside the framer, c1 is the spare
+        net.start_agent("framer", price=0.05, extra=["--adversary", "framer"])
+        wait_for(lambda: sum(o.state == "online" for o in client.offers()) == 4, 90, "the framer to register")
+        framer = NodeClient(
+            net.url, NodeKey.load_or_create(tmp_path / "net" / "agents" / "framer" / "node.key")
+        )
+        framer.stake(2.0)
+        job_id = _submit(client, spec, tmp_path)
+        job = wait_for(lambda: (j := client.job(job_id)).state in TERMINAL and j, 300, "the job to end")
+        events = [e.message for e in client.logs(job_id)]
+        assert job.state == "completed", events[-10:]
+        guilty = [v for v in job.verdicts if v.guilty]
+        assert [(v.node_id, v.check) for v in guilty] == [(framer.key.node_id, "dispute")], job.verdicts
+        (cleared,) = [v for v in job.verdicts if v.check == "dispute" and not v.guilty]
+        assert cleared.evidence["peer"] == guilty[0].task_id and cleared.round == guilty[0].round
+        assert any("as its peer" in e for e in events), events
+        assert all(t.node_id != framer.key.node_id for t in job.tasks), job.tasks  # barred
+        assert framer.wallet().slashed == pytest.approx(1.0)
+        _check_money(client, job_id)

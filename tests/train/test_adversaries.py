@@ -25,7 +25,7 @@ def _last_segment(worker, commitment):
     return len(commitment.trace) - 1  # few-steps and adaptive pad the end of their trace
 
 
-@pytest.mark.parametrize("kind", sorted(set(adversaries.KINDS) - {"skip-segment"}))
+@pytest.mark.parametrize("kind", sorted(set(adversaries.TRAINING_KINDS) - {"skip-segment"}))
 def test_each_kind_is_caught_within_its_cheating_rounds(corpus, kind):
     rounds = {"jump": adversaries.JUMP_AFTER + 1, "stale": 2, "fake-trace": 2}.get(kind, 1)  # its first cheat
     drill = Drill(_spec(rounds), corpus, [None, None, None, LATE, kind])

@@ -74,8 +74,9 @@ def test_another_hardware_class_is_judged_within_tolerance(honest):
     elsewhere = result.commitment.model_copy(update={"device": "cuda:8.0"})
     assert not _audit(drill, j, result, 1, commitment=elsewhere).guilty
     state = AuditState.from_bytes(result.audit_state(0))  # not the last segment: its end is not final
-    nudged = {k: v + 1e-2 * v.abs().mean() if k.startswith("p.") else v for k, v in state.segment.end.items()}
-    moved = dataclasses.replace(state, segment=dataclasses.replace(state.segment, end=nudged))
+    end = state.segments[0].end
+    nudged = {k: v + 1e-2 * v.abs().mean() if k.startswith("p.") else v for k, v in end.items()}
+    moved = dataclasses.replace(state, segments=(dataclasses.replace(state.segments[0], end=nudged),))
     trace = [params_hash(nudged)[:TRACE_HEX], *result.commitment.trace[1:]]
     forged = elsewhere.model_copy(update={"trace": trace})
     finding = _audit(drill, j, result, 0, blob=moved.to_bytes(), commitment=forged)
@@ -96,12 +97,12 @@ def test_a_delta_other_than_its_training_compressed_is_guilty_naming_the_binding
     finding = _audit(drill, j, result, 0, blob=dataclasses.replace(state, residual=other).to_bytes())
     assert finding.guilty and finding.evidence["binding"] == "residual"
     finding = _audit(
-        drill, j, result, 0, blob=dataclasses.replace(state, final=state.segment.start).to_bytes()
+        drill, j, result, 0, blob=dataclasses.replace(state, final=state.segments[0].start).to_bytes()
     )
     assert finding.guilty and finding.evidence["binding"] == "final"
     state = AuditState.from_bytes(result.audit_state(1))
     finding = _audit(
-        drill, j, result, 1, blob=dataclasses.replace(state, origin=state.segment.start).to_bytes()
+        drill, j, result, 1, blob=dataclasses.replace(state, origin=state.segments[0].start).to_bytes()
     )
     assert finding.guilty and finding.evidence["binding"] == "origin"
     poisoned = {n: torch.full_like(t, float("nan")) for n, t in state.residual.items()}

@@ -64,14 +64,26 @@ def test_trace_every_defaults_to_an_eighth_and_never_exceeds_64_hashes():
 def test_an_audit_state_round_trips_and_a_foreign_blob_is_refused():
     state = {"p.w": torch.arange(4.0), "exp_avg.w": torch.ones(4)}
     segment = Segment(3, state, {"p.w": torch.zeros(4)}, [0.1, 0.2])
-    blob = AuditState(segment, {"w": torch.ones(4)}, {}, {}, {"w": torch.full((4,), 2.0)}).to_bytes()
+    blob = AuditState((segment,), {"w": torch.ones(4)}, {}, {}, {"w": torch.full((4,), 2.0)}).to_bytes()
     back = AuditState.from_bytes(blob)
-    assert back.segment.step == 3 and back.segment.lrs == [0.1, 0.2]
-    torch.testing.assert_close(back.segment.start["p.w"], state["p.w"])
+    (seg,) = back.segments
+    assert seg.step == 3 and seg.lrs == [0.1, 0.2] and back.segment(3) is seg and back.segment(0) is None
+    torch.testing.assert_close(seg.start["p.w"], state["p.w"])
     torch.testing.assert_close(back.residual["w"], torch.ones(4))
     torch.testing.assert_close(back.residual_out["w"], torch.full((4,), 2.0))
     with pytest.raises(BadRequest):
         AuditState.from_bytes(b"not safetensors")
+
+
+def test_an_audit_state_of_several_segments_holds_each_boundary_once_and_steps_on():
+    states = [{"p.w": torch.full((2,), float(i))} for i in range(4)]
+    segments = tuple(Segment(2 * i, states[i], states[i + 1], [0.1 * i, 0.2]) for i in range(3))
+    answer = AuditState.answer(segments, 1, {}, {}, count=5)  # clipped at the trace's end
+    back = AuditState.from_bytes(answer.to_bytes())
+    assert [s.step for s in back.segments] == [2, 4] and back.segment(4).lrs == [0.1 * 2, 0.2]
+    torch.testing.assert_close(back.segment(4).start["p.w"], states[2]["p.w"])
+    torch.testing.assert_close(back.final_state()["p.w"], states[3]["p.w"])  # the last segment's end
+    torch.testing.assert_close(back.origin_params()["w"], states[0]["p.w"])
 
 
 def test_sealing_commits_to_the_residual_compressed_with_and_audit_states_skip_what_they_hold(corpus):

@@ -51,6 +51,17 @@ class TaskClient:
     def submit_audit_state(self, audit: m.AuditStateSubmit) -> None:
         self.http.request("POST", "/v1/task/audit-states", json=audit.model_dump())
 
+    def assign_peer_audit(self, a: m.PeerAuditAssign) -> None:
+        self.http.request("POST", "/v1/task/peer-audits", json=a.model_dump())
+
+    def peer_audits(self, round: int | None = None) -> m.PeerAuditList:
+        params = {} if round is None else {"round": round}
+        response = self.http.request("GET", "/v1/task/peer-audits", params=params)
+        return m.PeerAuditList.model_validate(response.json())
+
+    def report_peer_audit(self, r: m.PeerAuditReport) -> None:
+        self.http.request("POST", "/v1/task/peer-audits/report", json=r.model_dump())
+
     def report_verdict(self, verdict: m.VerdictSubmit) -> None:
         self.http.request("POST", "/v1/task/verdicts", json=verdict.model_dump())
 

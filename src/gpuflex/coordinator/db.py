@@ -176,12 +176,30 @@ class Verdict(Base):
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
     guilty: Mapped[bool] = mapped_column(Boolean)
-    check: Mapped[str] = mapped_column(String(16))  # screen | audit | no-show
+    check: Mapped[str] = mapped_column(String(16))  # screen | audit | no-show | peer-audit | dispute
     reason: Mapped[str] = mapped_column(Text)
     evidence: Mapped[dict] = mapped_column(JSON)
     slashed_micro: Mapped[int] = mapped_column(BigInteger, default=0)
     withheld_micro: Mapped[int] = mapped_column(BigInteger, default=0)
     at: Mapped[float] = mapped_column(Float)
+
+
+class PeerAudit(Base):
+    """A drawn contribution's segments handed to another worker of its job (the auditor) to re-run, and
+    the trace hashes it reported; the aggregator re-runs only where they disagree with the trace."""
+
+    __tablename__ = "peer_audits"
+    __table_args__ = (Index("ix_peer_audits_auditor", "job_id", "auditor_task_id"),)  # the auditor's poll
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    round: Mapped[int] = mapped_column(Integer, primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"), primary_key=True)  # the audited task
+    auditor_task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
+    worker: Mapped[int] = mapped_column(Integer)  # whose batches to re-run on
+    segment: Mapped[int] = mapped_column(Integer)  # the first segment to re-run
+    state: Mapped[str] = mapped_column(String(64))  # blob: the state to re-run from
+    hashes: Mapped[list | None] = mapped_column(JSON, nullable=True)  # the auditor's report; None: not yet
+    created_at: Mapped[float] = mapped_column(Float)
+    reported_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class JobEvent(Base):

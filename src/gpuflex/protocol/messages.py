@@ -432,7 +432,37 @@ class Contribution(Message):
     carried_chain: int | None = Field(None, description="that previous contribution's chain")
 
 
-VerdictCheck = Literal["screen", "audit", "no-show"]
+class PeerAuditAssign(Message):
+    """The aggregator hands a drawn contribution's segments to another worker of its job to re-run."""
+
+    round: Count32
+    task_id: str = Field(description="the task whose contribution is audited")
+    auditor: str = Field(description="the worker task that re-runs it: a second provider")
+    worker: Count32 = Field(description="whose batches the contribution trained on (its seed's worker index)")
+    segment: Count32 = Field(description="the first trace segment to re-run")
+    state: Sha256 = Field(
+        description="blob: the training state at that segment's start and each step's learning rate, "
+        "none of the states the contribution committed to after it"
+    )
+
+
+class PeerAudit(PeerAuditAssign):
+    hashes: Trace | None = Field(
+        None, description="the auditor's trace hash after each re-run segment (None: not reported yet)"
+    )
+
+
+class PeerAuditList(Message):
+    audits: list[PeerAudit]
+
+
+class PeerAuditReport(Message):
+    round: Count32
+    task_id: str = Field(description="the task whose contribution was re-run")
+    hashes: Trace = Field(description="the trace hash after each re-run segment, in order")
+
+
+VerdictCheck = Literal["screen", "audit", "no-show", "peer-audit", "dispute"]
 Evidence = Annotated[dict[str, str | float | int | None], Field(max_length=32)]
 
 
@@ -444,7 +474,8 @@ class VerdictSubmit(Message):
     guilty: bool
     check: VerdictCheck = Field(
         description="screen: the aggregator's screening; audit: re-execution; "
-        "no-show: the audit state never came"
+        "no-show: the audit state never came; peer-audit: a second provider's re-run agreed; "
+        "dispute: it disagreed and the core node re-ran the first segment where they differ"
     )
     reason: Annotated[str, Field(min_length=1, max_length=500)]
     evidence: Evidence = Field(default_factory=dict)

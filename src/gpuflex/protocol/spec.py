@@ -114,6 +114,12 @@ class VerificationSpec(_Strict):
     slash: Annotated[float, Field(ge=0, le=1_000_000)] = Field(
         1.0, description="credits taken from a node's stake for each guilty verdict"
     )
+    peer_segments: Annotated[int, Field(ge=0, le=64)] = Field(
+        0,
+        description="re-run by a second provider: from each drawn segment, this many segments are re-run by "
+        "another worker of the job, and the core node re-runs only the first segment where the two "
+        "disagree (0: the core node re-runs the drawn segment itself)",
+    )
 
 
 class TrainingSpec(_Strict):
@@ -153,6 +159,11 @@ class TrainingSpec(_Strict):
     def _consistent(self) -> TrainingSpec:
         if (self.recipe == "user") != (self.recipe_file is not None):
             raise ValueError("recipe 'user' needs recipe_file, and recipe_file needs recipe 'user'")
+        if self.verification.peer_segments and (self.overlap or not self.verification.robust):
+            raise ValueError(
+                "verification.peer_segments needs robust verification and synchronous rounds (no overlap): "
+                "peers re-run segments while they wait for the round to close"
+            )
         if self.local_devices > 1 and self.round_seconds is not None:
             raise ValueError(
                 "round_seconds does not combine with local_devices > 1 yet (ranks step in lockstep)"

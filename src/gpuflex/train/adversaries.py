@@ -24,6 +24,8 @@ last state and the residual, ``audit.py``) or its trace is made up (an audit cat
     adaptive    adaptive     knows the norm screen: a quarter of the steps, rescaled to an honest norm
                 jump         honest for two rounds (builds reputation), then a scaled sign-flip
                 fake-trace   after one honest round, resubmits that delta under a fresh made-up trace
+    false accuser  framer    trains honestly; as another worker's peer (``peer_audit.py``) reports a
+                             hash it did not compute, accusing that worker
 """
 
 from __future__ import annotations
@@ -251,6 +253,18 @@ class FakeTrace:
         return _fake(s, self.last.delta)
 
 
+class Framer:
+    """Trains honestly; re-runs what it is handed as a peer, then reports its last hash changed: the
+    dispute is the last segment it re-ran, where the core node's re-run clears the accused."""
+
+    def play(self, s: Situation) -> RoundResult | None:
+        return s.train()
+
+    @staticmethod
+    def vouch(hashes: list[str]) -> list[str]:
+        return [*hashes[:-1], f"{int(hashes[-1], 16) ^ 1:0{TRACE_HEX}x}"]
+
+
 @dataclass(frozen=True)
 class Kind:
     family: str
@@ -273,7 +287,9 @@ KINDS: dict[str, Kind] = {
     "adaptive": Kind("adaptive", lambda: Shirk(steps=SHIRK, rescale=True)),
     "jump": Kind("adaptive", Jump),
     "fake-trace": Kind("adaptive", FakeTrace),
+    "framer": Kind("false accuser", Framer),
 }
+TRAINING_KINDS = [k for k, kind in KINDS.items() if kind.family != "false accuser"]  # cheat at training
 
 
 def get(name: str) -> Adversary:
@@ -283,4 +299,4 @@ def get(name: str) -> Adversary:
     return KINDS[name].make()
 
 
-__all__ = ["KINDS", "Adversary", "get", "made_up"]
+__all__ = ["KINDS", "TRAINING_KINDS", "Adversary", "get", "made_up"]

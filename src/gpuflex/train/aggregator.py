@@ -10,10 +10,12 @@ One round, as the aggregator sees it::
 
 With ``verification.robust`` (the default) a ``Verifier`` judges the round's contributions first:
 screening, then an audit of each drawn one whose audit state comes in before the round's timeout (no
-state by then: a ``no-show``). Every guilty contribution and every finished audit is reported
-(``report_verdict``); the guilty are left out, and the rest are averaged by ``robust.robust_mean``
-instead of the token-weighted mean. Audits finish before the round is aggregated, so a guilty
-contribution is never applied: a late audit state is no answer, and the worker a no-show.
+state by then: a ``no-show``), re-run here or, with ``verification.peer_segments``, by a peer and
+here only where the two disagree (``peer_audit.py``). Every guilty contribution and every finished
+audit is reported (``report_verdict``); the guilty are left out, and the rest are averaged by
+``robust.robust_mean`` instead of the token-weighted mean. Audits finish before the round is
+aggregated, so a guilty contribution is never applied: a late audit state is no answer, and the
+worker a no-show.
 
 Round 0 is the recipe's seeded model, published as a full checkpoint. A replacement aggregator
 loads the newest checkpoint (weights and outer momentum) and replays the updates after it, so it
@@ -34,7 +36,8 @@ from gpuflex.protocol.messages import Contribution, RoundPublish, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.compression import Compressor, ErrorFeedback, get_compressor
 from gpuflex.train.outer import GlobalReplica, weighted_mean
-from gpuflex.train.recipes import Batch, Recipe, TaskData, build_model, evaluate, for_task
+from gpuflex.train.peer_audit import audit_with_peers
+from gpuflex.train.recipes import Batch, Recipe, build_model, evaluate, for_task, shards
 from gpuflex.train.robust import flatten, robust_mean, unflatten
 from gpuflex.train.sync import sync
 from gpuflex.train.transport import Transport, fetch_verified
@@ -123,14 +126,7 @@ def run_aggregator(
     recipe, data = for_task(config, lambda digest: fetch_verified(transport, digest))
     verifier = None
     if config.training.verification.robust:
-        dataset = fetch_verified(transport, config.dataset) if config.dataset else None
-        shards: dict[int, TaskData] = {}
-
-        def data_for(worker: int) -> TaskData:
-            if worker not in shards:
-                shards[worker] = recipe.build_data(dataset, config.training, worker, config.num_workers)
-            return shards[worker]
-
+        data_for = shards(config, recipe, lambda digest: fetch_verified(transport, digest))
         verifier = Verifier(config.training, recipe, data_for, config.num_workers)
     return aggregate(
         config.training,
@@ -192,11 +188,25 @@ def _verify(
     params = {n: p.detach() for n, p in agg.replica.parameters().items()}
     judged = verifier.screen(round, params, agg.replica.state_hash(), used)
     drawn = [j for j in judged if not j.guilty and j.contribution.audit_segment is not None]
-    for j, blob in zip(
-        drawn, gather.audit_states(round, [j.contribution.task_id for j in drawn]), strict=True
+    states = gather.audit_states(round, [j.contribution.task_id for j in drawn])
+    if states is None:
+        return None
+    pairs = list(zip(drawn, states, strict=True))
+    if not verifier.spec.verification.peer_segments:
+        for j, blob in pairs:
+            j.verdict = verifier.audit(round, j, blob)
+    elif not audit_with_peers(
+        verifier,
+        agg.transport,
+        round,
+        judged,
+        pairs,
+        gather.deadline,
+        gather.poll_interval_s,
+        gather.should_stop,
     ):
-        j.verdict = verifier.audit(round, j, blob)
-        agg.summary.audits += 1
+        return None
+    agg.summary.audits += len(drawn)
     for j in judged:
         if j.verdict is not None:
             agg.transport.report_verdict(j.verdict)

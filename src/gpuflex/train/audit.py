@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -104,38 +105,85 @@ def audit(
     ``ranks``: for a replica over several devices, the batches each other rank drew (at least up to the
     segment's end): each step re-runs on the mean gradient of all ranks' batches."""
     began = time.perf_counter()
-    model = model or build_model(spec, recipe)
-    finding = _audit(spec, recipe, batches, claim, blob, model, ranks or [])
-    evidence = {"segment": claim.segment, **finding.evidence}
-    return Finding(finding.guilty, finding.reason, evidence, time.perf_counter() - began)
+    try:
+        state = AuditState.from_bytes(blob)
+        checked = check_state(spec, batches, claim, state, segments=1)
+    except BadRequest as err:
+        checked = Finding(True, f"its audit state is unreadable: {err.message}")
+    if isinstance(checked, Finding):
+        evidence = {"segment": claim.segment, **checked.evidence}
+        return Finding(True, checked.reason, evidence, time.perf_counter() - began)
+    finding = rerun_segment(spec, recipe, batches, claim, state, checked[0], model=model, ranks=ranks)
+    return Finding(finding.guilty, finding.reason, finding.evidence, time.perf_counter() - began)
 
 
-def _audit(
+def rerun_segment(
     spec: TrainingSpec,
     recipe: Recipe,
     batches: list[Batch],
     claim: Claim,
-    blob: bytes,
-    model: torch.nn.Module,
+    state: AuditState,
+    lrs: list[float],
+    *,
+    model: torch.nn.Module | None = None,
+    ranks: list[list[Batch]] | None = None,
+) -> Finding:
+    """Step 4 alone, on a state that passed the other checks (``check_state``, which gave ``lrs``):
+    re-run ``claim.segment`` from its start in ``state`` and compare with the trace."""
+    began = time.perf_counter()
+    finding = _rerun_segment(spec, recipe, batches, claim, state, lrs, model, ranks or [])
+    evidence = {"segment": claim.segment, **finding.evidence}
+    return Finding(finding.guilty, finding.reason, evidence, time.perf_counter() - began)
+
+
+def _rerun_segment(
+    spec: TrainingSpec,
+    recipe: Recipe,
+    batches: list[Batch],
+    claim: Claim,
+    state: AuditState,
+    lrs: list[float],
+    model: torch.nn.Module | None,
     ranks: list[list[Batch]],
 ) -> Finding:
-    c, seg_index = claim.commitment, claim.segment
+    c = claim.commitment
+    seg = state.segment(claim.segment * c.every)
+    if seg is None:
+        return Finding(True, f"its audit state does not hold segment {claim.segment}")
+    model = model or build_model(spec, recipe)
     try:
-        state = AuditState.from_bytes(blob)
+        optimizer = next(rerun(spec, recipe, model, seg.start, seg.step, [lrs], batches, ranks))
     except BadRequest as err:
-        return Finding(True, f"its audit state is unreadable: {err.message}")
-    seg, same_class = state.segment, c.device == device_class(torch.device("cpu"))
-    first = seg_index * c.every
-    count = min(c.every, claim.steps - first)
-    if seg.step != first or count <= 0:
+        return Finding(True, f"its audit state does not fit the model: {err.message}")
+    expected, got = c.trace[claim.segment], trace_hash(model, optimizer)
+    if c.device == device_class(torch.device("cpu")):
+        if expected != got:
+            return Finding(
+                True, f"re-running segment {claim.segment} does not reproduce its trace", _diff(expected, got)
+            )
         return Finding(
-            True, "its audit state is not at the segment's start", {"expected": first, "got": seg.step}
+            False, f"segment {claim.segment} re-ran bit for bit to its trace", _diff(expected, got)
+        )
+    return _within_tolerance(seg, expected, training_state(model, optimizer))
+
+
+def check_state(
+    spec: TrainingSpec, batches: list[Batch], claim: Claim, state: AuditState, segments: int
+) -> Finding | list[list[float]]:
+    """The checks of an audit that need no training (1-3 and the binding) on ``segments`` segments of
+    ``state`` from the claim's: a guilty finding, or the learning rates to re-run each with."""
+    c, first = claim.commitment, claim.segment * claim.commitment.every
+    seg = state.segment(first)
+    if seg is None:
+        held = [s.step for s in state.segments]
+        return Finding(
+            True, "its audit state is not at the segment's start", {"expected": first, "got": str(held)}
         )
     params = {k.removeprefix("p."): v for k, v in seg.start.items() if k.startswith("p.")}
-    if seg_index == 0:
+    if claim.segment == 0:
         expected, got = c.start, params_hash(params)
     else:
-        expected, got = c.trace[seg_index - 1], params_hash(seg.start)[:TRACE_HEX]
+        expected, got = c.trace[claim.segment - 1], params_hash(seg.start)[:TRACE_HEX]
     if expected != got:
         return Finding(
             True, "its state at the segment's start is not the committed one", _diff(expected, got)
@@ -143,29 +191,41 @@ def _audit(
     digest = data_hash(batches)
     if len(batches) != claim.steps or digest != c.data:
         return Finding(True, "its seed does not draw the batches it committed to", _diff(c.data, digest))
-    lrs, bad = _learning_rates(spec, claim.round, first, count, seg.lrs)
-    if bad:
-        return Finding(True, bad, {"got": str(seg.lrs[:8])})
-    unbound = _binding(spec, claim, state, same_class)
-    if unbound is not None:
-        return unbound
-    try:
-        optimizer = _restore(spec, model, seg.start)
-    except BadRequest as err:
-        return Finding(True, f"its audit state does not fit the model: {err.message}")
-    with deterministic():
-        for k, (batch, lr) in enumerate(zip(batches[first : first + count], lrs, strict=True)):
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            step(recipe, model, model, optimizer, batch, *(rank[first + k] for rank in ranks))
-    expected, got = c.trace[seg_index], trace_hash(model, optimizer)
-    if same_class:
-        if expected != got:
-            return Finding(
-                True, f"re-running segment {seg_index} does not reproduce its trace", _diff(expected, got)
-            )
-        return Finding(False, f"segment {seg_index} re-ran bit for bit to its trace", _diff(expected, got))
-    return _within_tolerance(seg, expected, training_state(model, optimizer))
+    lrs = []
+    for index in range(claim.segment, min(claim.segment + segments, len(c.trace))):
+        seg, step = state.segment(index * c.every), index * c.every
+        if seg is None:
+            return Finding(True, f"its audit state does not hold segment {index}", {"expected": step})
+        count = min(c.every, claim.steps - step)
+        segment_lrs, bad = _learning_rates(spec, claim.round, step, count, seg.lrs)
+        if bad:
+            return Finding(True, bad, {"segment": index, "got": str(seg.lrs[:8])})
+        lrs.append(segment_lrs)
+    return _binding(spec, claim, state, c.device == device_class(torch.device("cpu"))) or lrs
+
+
+def rerun(
+    spec: TrainingSpec,
+    recipe: Recipe,
+    model: torch.nn.Module,
+    start: Params,
+    step_: int,
+    lrs: list[list[float]],
+    batches: list[Batch],
+    ranks: list[list[Batch]],
+) -> Iterator[torch.optim.Optimizer]:
+    """Re-run segment after segment (``lrs``: each one's steps) from the training state ``start``, after
+    ``step_`` steps of the round: yields the optimizer after each (``model`` moves in place)."""
+    optimizer = _restore(spec, model, start)
+    k = step_
+    for segment_lrs in lrs:
+        with deterministic():
+            for lr in segment_lrs:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                step(recipe, model, model, optimizer, batches[k], *(rank[k] for rank in ranks))
+                k += 1
+        yield optimizer
 
 
 def _binding(spec: TrainingSpec, claim: Claim, state: AuditState, same_class: bool) -> Finding | None:
@@ -275,13 +335,13 @@ def _restore(spec: TrainingSpec, model: torch.nn.Module, state: Params) -> torch
     return optimizer
 
 
-def _within_tolerance(seg: Segment, expected: str, rerun: Params) -> Finding:
+def _within_tolerance(seg: Segment, expected: str, computed: Params) -> Finding:
     uploaded = params_hash(seg.end)[:TRACE_HEX]
     if uploaded != expected:
         return Finding(True, "its uploaded end state is not the committed one", _diff(expected, uploaded))
-    if seg.end.keys() != rerun.keys():
+    if seg.end.keys() != computed.keys():
         return Finding(True, "its uploaded end state has other tensors than the re-run's")
-    distance = _distance(seg.end, rerun)
+    distance = _distance(seg.end, computed)
     evidence: Evidence = {"distance": distance, "tolerance": TOLERANCE}
     if distance > TOLERANCE:
         return Finding(True, "re-running the segment on another hardware class lands too far", evidence)

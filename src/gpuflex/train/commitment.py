@@ -153,21 +153,22 @@ def residual_hash(residual: Params) -> str:
 
 EMPTY_RESIDUAL = residual_hash({})  # a fresh worker's: any contribution may start a chain with it
 
-_PARTS = ("start", "end", "final", "residual", "origin", "residual_out")
+_PARTS = ("final", "residual", "origin", "residual_out")
 
 
 @dataclass(frozen=True)
 class AuditState:
-    """What a worker uploads when a contribution is drawn: the drawn segment, and what binds its delta.
+    """What a worker uploads when a contribution is drawn: the drawn segment (and, for a peer audit, the
+    ones after it that the peer re-runs), and what binds its delta.
 
     ``final`` (the training state after the last step, hashing to ``trace[-1]``) and ``origin`` (the
-    parameters the round started from, hashing to ``start``) are left out when the segment already holds
+    parameters the round started from, hashing to ``start``) are left out when the segments already hold
     them (the last segment ends in the final state, the first starts at the origin): ``final_state`` and
     ``origin_params`` fill them in. ``residual`` hashes to ``Commitment.residual``, ``residual_out`` to
     ``Commitment.residual_out`` (an auditor of another hardware class compares its own within a
     tolerance)."""
 
-    segment: Segment
+    segments: tuple[Segment, ...]  # consecutive
     residual: Params
     final: Params
     origin: Params
@@ -175,43 +176,59 @@ class AuditState:
 
     @staticmethod
     def answer(
-        segments: tuple[Segment, ...], index: int, residual: Params, residual_out: Params
+        segments: tuple[Segment, ...], index: int, residual: Params, residual_out: Params, count: int = 1
     ) -> AuditState:
-        final = segments[-1].end if index != len(segments) - 1 else {}
+        """The state answering a draw of segment ``index``, with the ``count - 1`` segments after it."""
+        span = segments[index : index + count]
+        final = segments[-1].end if index + len(span) != len(segments) else {}
         origin = {k: v for k, v in segments[0].start.items() if k.startswith("p.")} if index else {}
-        return AuditState(segments[index], residual, final, origin, residual_out)
+        return AuditState(span, residual, final, origin, residual_out)
+
+    def segment(self, step: int) -> Segment | None:
+        """The segment that starts after ``step`` inner steps, if this state holds it."""
+        return next((seg for seg in self.segments if seg.step == step), None)
 
     def final_state(self) -> Params:
-        return self.final or self.segment.end
+        return self.final or self.segments[-1].end
 
     def origin_params(self) -> Params:
-        origin = self.origin or self.segment.start
+        origin = self.origin or self.segments[0].start
         return {k.removeprefix("p."): v for k, v in origin.items() if k.startswith("p.")}
 
     def to_bytes(self) -> bytes:
-        seg = self.segment
-        parts = (seg.start, seg.end, self.final, self.residual, self.origin, self.residual_out)
-        tensors = {
+        """Each boundary state once (a segment's end is the next one's start), then the binding parts."""
+        boundaries = [self.segments[0].start, *(seg.end for seg in self.segments)]
+        tensors = {f"state{i}/{k}": v for i, state in enumerate(boundaries) for k, v in state.items()}
+        parts = (self.final, self.residual, self.origin, self.residual_out)
+        tensors |= {
             f"{part}/{k}": v for part, state in zip(_PARTS, parts, strict=True) for k, v in state.items()
         }
-        return save_tensors(tensors, {"gpuflex-audit": json.dumps({"step": seg.step, "lrs": seg.lrs})})
+        header = {"step": self.segments[0].step, "lrs": [seg.lrs for seg in self.segments]}
+        return save_tensors(tensors, {"gpuflex-audit": json.dumps(header)})
 
     @staticmethod
     def from_bytes(data: bytes) -> AuditState:
         tensors, metadata = load_tensors(data)
         try:
             header = json.loads(metadata["gpuflex-audit"])
-            step, lrs = int(header["step"]), [float(x) for x in header["lrs"]]
+            step, lrs = int(header["step"]), [[float(x) for x in seg] for seg in header["lrs"]]
         except (KeyError, ValueError, TypeError) as err:
             raise BadRequest(f"not an audit state blob: {err}") from None
-        parts: dict[str, Params] = {part: {} for part in _PARTS}
+        if not lrs or len(lrs) > MAX_TRACE:
+            raise BadRequest(f"an audit state blob holds 1 to {MAX_TRACE} segments, not {len(lrs)}")
+        boundaries = [f"state{i}" for i in range(len(lrs) + 1)]
+        parts: dict[str, Params] = {part: {} for part in (*boundaries, *_PARTS)}
         for key, tensor in tensors.items():
             part, _, name = key.partition("/")
             if part not in parts:
                 raise BadRequest(f"audit state blob has an unexpected tensor {key!r}")
             parts[part][name] = tensor
-        segment = Segment(step, parts["start"], parts["end"], lrs)
-        return AuditState(segment, parts["residual"], parts["final"], parts["origin"], parts["residual_out"])
+        segments = []
+        for i, seg_lrs in enumerate(lrs):
+            segments.append(Segment(step, parts[boundaries[i]], parts[boundaries[i + 1]], seg_lrs))
+            step += len(seg_lrs)
+        final, residual, origin, residual_out = (parts[part] for part in _PARTS)
+        return AuditState(tuple(segments), residual, final, origin, residual_out)
 
 
 class Tracer:

@@ -3,20 +3,23 @@
 No threads, no polling: each round every worker trains from the same global model (``Replica``), the
 adversaries among them see the honest deltas of the round (colluders: the strongest case), each delta
 goes through its worker's compressor with error feedback (``Replica.seal``), the ``Verifier`` screens
-every contribution and audits those the ``draw`` picks, and what stands is averaged by ``robust_mean``
+every contribution and audits those the ``draw`` picks (with peer audits, another worker of the drill
+re-runs them: the peer's seconds are kept apart), and what stands is averaged by ``robust_mean``
 and applied by the outer optimizer. Nobody is excluded, so every contribution is judged (and counted).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuflex.protocol.messages import Commitment, Contribution, TaskConfig
+from gpuflex.protocol.messages import Commitment, Contribution, TaskConfig, VerdictSubmit
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train import adversaries
 from gpuflex.train.checkpoint import sha256
 from gpuflex.train.outer import GlobalReplica, weighted_mean
+from gpuflex.train.peer_audit import delegate, replay, settle
 from gpuflex.train.recipes import build_model, get_recipe
 from gpuflex.train.robust import flatten, robust_mean, unflatten
 from gpuflex.train.verifier import Judged, Verifier
@@ -51,6 +54,8 @@ class Drill:
         self.global_.round = 0
         self.verifier = Verifier(self.spec, self.recipe, self.data.__getitem__, n)
         self.last: dict[int, Commitment | None] = {}  # worker -> its last contribution's commitment
+        self.peer_model = build_model(self.spec, self.recipe)  # what peers re-run in
+        self.peer_s = 0.0  # peers' re-runs, with peer audits
 
     def restart(self, worker: int) -> None:
         """Worker ``worker``'s task goes to a replacement node: fresh optimizer moments and residual."""
@@ -89,12 +94,30 @@ class Drill:
             self.global_.apply(weighted_mean([(c.tokens, d) for c, d in arrived]))
             return [Judged(c, d) for c, d in arrived], results
         judged = self.verifier.screen(r, start, self.global_.state_hash(), arrived)
+        load: dict[str, int] = {}
         for i, j in enumerate(judged):
             segment = j.contribution.audit_segment
             if not j.guilty and segment is not None:
-                j.verdict = self.verifier.audit(r, j, results[i].audit_state(segment))
+                j.verdict = self._audit(r, j, results[i], segment, judged, load)
         kept = [j for j in judged if not j.guilty]
         if kept:
             mean = robust_mean([flatten(j.delta) for j in kept], [float(j.contribution.tokens) for j in kept])
             self.global_.apply(unflatten(mean, kept[0].delta))
         return judged, results
+
+    def _audit(
+        self, r: int, j: Judged, result: RoundResult, segment: int, judged: list[Judged], load: dict[str, int]
+    ) -> VerdictSubmit:
+        """The core node's audit of the drawn segment; with peer audits, a peer's re-run (its seconds go
+        to ``peer_s``) and the core node's of a dispute (``peer_audit.py``)."""
+        count = self.spec.verification.peer_segments
+        blob = result.audit_state(segment, max(1, count))
+        if not count:
+            return self.verifier.audit(r, j, blob)
+        delegated = delegate(self.verifier, r, j, blob, judged, load)
+        if isinstance(delegated, VerdictSubmit):
+            return delegated
+        began = time.perf_counter()
+        hashes = replay(self.spec, self.recipe, delegated.order(), j.batches, model=self.peer_model)
+        self.peer_s += time.perf_counter() - began
+        return settle(self.verifier, r, j, delegated, hashes)

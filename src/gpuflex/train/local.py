@@ -47,6 +47,9 @@ from gpuflex.protocol.messages import (
     ContributionList,
     ContributionReceipt,
     ContributionSubmit,
+    PeerAuditAssign,
+    PeerAuditList,
+    PeerAuditReport,
     RoundPublish,
     RoundState,
     TaskConfig,
@@ -313,6 +316,15 @@ class _HubClient:
 
     def report_verdict(self, v: VerdictSubmit) -> None:
         self._call("report_verdict", v)
+
+    def assign_peer_audit(self, a: PeerAuditAssign) -> None:
+        self._call("assign_peer_audit", a)
+
+    def peer_audits(self, round: int | None = None) -> PeerAuditList:
+        return self._call("peer_audits", round)
+
+    def report_peer_audit(self, r: PeerAuditReport) -> None:
+        self._call("report_peer_audit", r)
 
     def contributions(self, round: int) -> ContributionList:
         return self._call("contributions", round)

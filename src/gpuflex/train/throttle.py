@@ -35,6 +35,9 @@ from gpuflex.protocol.messages import (
     ContributionList,
     ContributionReceipt,
     ContributionSubmit,
+    PeerAuditAssign,
+    PeerAuditList,
+    PeerAuditReport,
     RoundPublish,
     RoundState,
     VerdictSubmit,
@@ -144,6 +147,15 @@ class ThrottledTransport:
 
     def report_verdict(self, v: VerdictSubmit) -> None:
         self._cross(_json_size(v), lambda: self.inner.report_verdict(v), _json_size)
+
+    def assign_peer_audit(self, a: PeerAuditAssign) -> None:
+        self._cross(_json_size(a), lambda: self.inner.assign_peer_audit(a), _json_size)
+
+    def peer_audits(self, round: int | None = None) -> PeerAuditList:
+        return self._cross(_json_size(round), lambda: self.inner.peer_audits(round), _json_size)
+
+    def report_peer_audit(self, r: PeerAuditReport) -> None:
+        self._cross(_json_size(r), lambda: self.inner.report_peer_audit(r), _json_size)
 
     def contributions(self, round: int) -> ContributionList:
         return self._cross(_json_size(round), lambda: self.inner.contributions(round), _json_size)

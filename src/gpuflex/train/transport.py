@@ -1,6 +1,6 @@
 """The runtime's one window on the network: the ``Transport`` interface, and ``LocalTransport``.
 
-Workers and the aggregator only ever call these ten methods. The agent hands the task a
+Workers and the aggregator only ever call these thirteen methods. The agent hands the task a
 transport that speaks HTTP to the coordinator; ``LocalTransport`` keeps everything in memory
 with the coordinator's semantics, for tests and for training on one machine:
 
@@ -12,6 +12,9 @@ with the coordinator's semantics, for tests and for training on one machine:
 - a contribution with a commitment is drawn for audit with probability ``audit_rate``, the segment
   uniform over its trace (the receipt's ``audit_segment``); only a drawn contribution may get an
   audit state (``submit_audit_state``), for that segment;
+- the aggregator may hand a drawn contribution to another task to re-run (``assign_peer_audit``,
+  once per contribution); that task alone sees the order until it reports (``report_peer_audit``),
+  and the aggregator sees every order with the hashes reported;
 - a guilty verdict (``report_verdict``) discards the contribution and excludes its task from the job:
   its later submissions raise ``Conflict``, as the coordinator's 409 for an ended lease.
 """
@@ -33,6 +36,10 @@ from gpuflex.protocol.messages import (
     ContributionList,
     ContributionReceipt,
     ContributionSubmit,
+    PeerAudit,
+    PeerAuditAssign,
+    PeerAuditList,
+    PeerAuditReport,
     RoundPublish,
     RoundState,
     Verdict,
@@ -78,6 +85,19 @@ class Transport(Protocol):
         """The aggregator's finding on one contribution (every guilty one, every finished audit)."""
         ...
 
+    def assign_peer_audit(self, a: PeerAuditAssign) -> None:
+        """The aggregator hands a drawn contribution's segments to another worker to re-run."""
+        ...
+
+    def peer_audits(self, round: int | None = None) -> PeerAuditList:
+        """The aggregator's: every order of ``round``, with the peers' hashes; a worker's: the orders
+        its task has still to report."""
+        ...
+
+    def report_peer_audit(self, r: PeerAuditReport) -> None:
+        """A peer's hashes of an order it was handed."""
+        ...
+
     def contributions(self, round: int) -> ContributionList: ...
 
     def publish_round(self, p: RoundPublish) -> None: ...
@@ -119,13 +139,20 @@ def fetch_verified(transport: Transport, digest: str) -> bytes:
 
 
 def wait_for_round(
-    transport: Transport, newer_than: int, poll_interval_s: float, should_stop: Callable[[], bool]
+    transport: Transport,
+    newer_than: int,
+    poll_interval_s: float,
+    should_stop: Callable[[], bool],
+    idle: Callable[[], None] | None = None,
 ) -> RoundState | None:
-    """The latest round once it is newer than ``newer_than`` or finished; None if told to stop first."""
+    """The latest round once it is newer than ``newer_than`` or finished; None if told to stop first.
+    ``idle`` runs between polls (a peer's audits)."""
     while not should_stop():
         state = transport.latest_round()
         if state is not None and (state.round > newer_than or state.finished):
             return state
+        if idle is not None:
+            idle()
         time.sleep(poll_interval_s)
     return None
 
@@ -146,6 +173,8 @@ class _Hub:
     logs: list[tuple[str, str]] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
     excluded: set[str] = field(default_factory=set)  # tasks a guilty verdict ended
+    peer_audits: dict[tuple[int, str], PeerAudit] = field(default_factory=dict)  # by (round, audited task)
+    assigner: str | None = None  # the task that hands out peer audits: the aggregator
 
 
 class LocalTransport:
@@ -251,6 +280,36 @@ class LocalTransport:
                 if v.task_id not in self._hub.excluded:
                     self._hub.excluded.add(v.task_id)
                     self._hub.live_workers = max(0, self._hub.live_workers - 1)  # nobody re-leases it here
+
+    def assign_peer_audit(self, a: PeerAuditAssign) -> None:
+        with self._hub.lock:
+            entry = self._hub.contributions.get(a.round, {}).get(a.task_id)
+            if entry is None or entry.audit_segment is None:
+                raise Conflict(f"round {a.round}: task {a.task_id} has no contribution drawn for audit")
+            if a.auditor == a.task_id:
+                raise BadRequest("a contribution's peer must be another task")
+            if a.state not in self._hub.blobs:
+                raise BadRequest(f"peer audit names blob {a.state}, which was never uploaded")
+            self._hub.peer_audits.setdefault((a.round, a.task_id), PeerAudit(**a.model_dump()))
+            self._hub.assigner = self.task_id
+
+    def peer_audits(self, round: int | None = None) -> PeerAuditList:
+        with self._hub.lock:
+            audits = [a for (r, _), a in sorted(self._hub.peer_audits.items()) if round in (None, r)]
+            if self.task_id != self._hub.assigner:
+                audits = [a for a in audits if a.auditor == self.task_id and a.hashes is None]
+        return PeerAuditList(audits=audits)
+
+    def report_peer_audit(self, r: PeerAuditReport) -> None:
+        with self._hub.lock:
+            audit = self._hub.peer_audits.get((r.round, r.task_id))
+            if audit is None or audit.auditor != self.task_id:
+                raise NotFound(
+                    f"round {r.round}: task {self.task_id} was handed no audit of task {r.task_id}"
+                )
+            if audit.hashes is not None and audit.hashes != r.hashes:
+                raise Conflict(f"round {r.round}: the audit of task {r.task_id} was already reported")
+            self._hub.peer_audits[r.round, r.task_id] = audit.model_copy(update={"hashes": r.hashes})
 
     def contributions(self, round: int) -> ContributionList:
         with self._hub.lock:

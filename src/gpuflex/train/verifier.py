@@ -48,10 +48,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpuflex.protocol.messages import Contribution, VerdictSubmit
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.messages import Contribution, VerdictCheck, VerdictSubmit
 from gpuflex.protocol.spec import TrainingSpec
-from gpuflex.train.audit import Claim, audit
-from gpuflex.train.commitment import EMPTY_RESIDUAL, data_hash, trace_every
+from gpuflex.train.audit import Claim, Finding, audit, check_state, rerun_segment
+from gpuflex.train.commitment import EMPTY_RESIDUAL, AuditState, data_hash, trace_every
 from gpuflex.train.data import round_generator, round_seed
 from gpuflex.train.recipes import Batch, Recipe, TaskData, build_model
 from gpuflex.train.robust import THRESHOLDS, Delta, Thresholds, flatten, screen
@@ -63,6 +64,8 @@ CONFIRM_BATCHES = 8  # at most, evenly spread to the last: assigned batches that
 # bench/verification.py's 60-round plateau job measured 1.01-4.15)
 DESCENT_MIN = 0.5
 OTHER_SALT = 0x5EED  # seeds the "other batches of the shard" apart from every assigned stream
+
+Checked = tuple[AuditState, list[list[float]]]  # an audit state that passed the checks, each segment's lrs
 
 
 @dataclass
@@ -124,14 +127,51 @@ class Verifier:
         c = j.contribution
         if blob is None:
             return self._verdict(round, c, True, "no-show", "its audit state never came", {})
-        assert c.commitment is not None and c.audit_segment is not None and j.worker is not None, "screened"
-        claim = Claim(round, c.steps, c.commitment, c.audit_segment, j.delta)
-        end = min(c.steps, (c.audit_segment + 1) * c.commitment.every)
+        claim = self._claim(round, j, None)
+        end = min(c.steps, (claim.segment + 1) * claim.commitment.every)
         ranks = [self._batches(j.worker, round, rank, end) for rank in range(1, self.spec.local_devices)]
         finding = audit(self.spec, self.recipe, j.batches, claim, blob, model=self.scratch, ranks=ranks)
-        self.compute_s += finding.compute_s
-        self.audit_s += finding.compute_s
+        self._spent(finding.compute_s)
         return self._verdict(round, c, finding.guilty, "audit", finding.reason, finding.evidence)
+
+    def check(self, round: int, j: Judged, blob: bytes, segments: int) -> VerdictSubmit | Checked:
+        """An audit's checks that need no training, over ``segments`` segments from the drawn one (what a
+        peer re-runs): a guilty verdict, or the state read and the learning rates of each to re-run."""
+        began = time.perf_counter()
+        claim = self._claim(round, j, None)
+        try:
+            state = AuditState.from_bytes(blob)
+            checked = check_state(self.spec, j.batches, claim, state, segments)
+        except BadRequest as err:
+            checked = Finding(True, f"its audit state is unreadable: {err.message}")
+        self._spent(time.perf_counter() - began)
+        if isinstance(checked, Finding):
+            evidence = {"segment": claim.segment, **checked.evidence}
+            return self._verdict(round, j.contribution, True, "audit", checked.reason, evidence)
+        return state, checked
+
+    def rerun(
+        self, round: int, j: Judged, state: AuditState, segment: int, lrs: list[float], check: VerdictCheck
+    ) -> VerdictSubmit:
+        """The finding of re-running ``segment`` of a checked state (``check``) with its ``lrs``."""
+        claim = self._claim(round, j, segment)
+        end = min(j.contribution.steps, (segment + 1) * claim.commitment.every)
+        ranks = [self._batches(j.worker, round, rank, end) for rank in range(1, self.spec.local_devices)]
+        finding = rerun_segment(
+            self.spec, self.recipe, j.batches, claim, state, lrs, model=self.scratch, ranks=ranks
+        )
+        self._spent(finding.compute_s)
+        return self._verdict(round, j.contribution, finding.guilty, check, finding.reason, finding.evidence)
+
+    def _spent(self, seconds: float) -> None:
+        self.compute_s += seconds
+        self.audit_s += seconds
+
+    @staticmethod
+    def _claim(round: int, j: Judged, segment: int | None) -> Claim:
+        c = j.contribution
+        assert c.commitment is not None and c.audit_segment is not None and j.worker is not None, "screened"
+        return Claim(round, c.steps, c.commitment, c.audit_segment if segment is None else segment, j.delta)
 
     def _commitment(self, j: Judged, round: int, state_hash: str, seeds: dict[int, int]) -> str | None:
         c, spec = j.contribution, self.spec
@@ -162,11 +202,7 @@ class Verifier:
         return None
 
     def _batches(self, worker: int, round: int, rank: int, count: int) -> list[Batch]:
-        """The first ``count`` batches ``rank`` of ``worker``'s replica draws in ``round`` (rank 0: the
-        seed its commitment names)."""
-        generator = round_generator(self.spec.seed, worker, round, rank)
-        data = self.data_for(worker)
-        return [data.sample(generator) for _ in range(count)]
+        return assigned_batches(self.spec, self.data_for(worker), worker, round, rank, count)
 
     def _loss_gain(self, round: int, params: Delta, alive: list[Judged]) -> None:
         for j in alive:
@@ -224,11 +260,20 @@ class Verifier:
 
     @staticmethod
     def _verdict(
-        round: int, c: Contribution, guilty: bool, check: str, reason: str, evidence: dict
+        round: int, c: Contribution, guilty: bool, check: VerdictCheck, reason: str, evidence: dict
     ) -> VerdictSubmit:
         return VerdictSubmit(
             round=round, task_id=c.task_id, guilty=guilty, check=check, reason=reason, evidence=evidence
         )
+
+
+def assigned_batches(
+    spec: TrainingSpec, data: TaskData, worker: int, round: int, rank: int, count: int
+) -> list[Batch]:
+    """The first ``count`` batches ``rank`` of ``worker``'s replica draws from its shard ``data`` in
+    ``round`` (rank 0: the seed its commitment names): what an auditor re-runs it on."""
+    generator = round_generator(spec.seed, worker, round, rank)
+    return [data.sample(generator) for _ in range(count)]
 
 
 def spread(batches: list[Batch], most: int) -> list[Batch]:

@@ -16,9 +16,10 @@ or to resync. The AdamW state lives across rounds, as in DiLoCo.
 Each contribution carries a ``Commitment`` (``commitment.py``): inner steps run in deterministic mode
 and are traced, and the commitment names the error-feedback residual the delta is compressed with and
 the one it leaves (``Replica.seal``). When the receipt says the contribution was drawn for audit, the
-worker uploads the drawn segment's states, the final state and both residuals, and names them with
-``submit_audit_state``. A task whose config names an ``adversary`` plays that cheater instead
-(``adversaries.py``: tests and demos only).
+worker uploads the drawn segment's states (and, for a peer audit, the next segments' too), the final
+state and both residuals, and names them with ``submit_audit_state``; between rounds it re-runs what
+the aggregator hands it as another worker's peer (``peer_audit.py``). A task whose config names an
+``adversary`` plays that cheater instead (``adversaries.py``: tests and demos only).
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ from gpuflex.train.compression import ErrorFeedback, get_compressor
 from gpuflex.train.data import round_seed
 from gpuflex.train.device_group import DeviceGroup
 from gpuflex.train.outer import GlobalReplica
-from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task
+from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task, shards
 from gpuflex.train.schedule import set_lr
 from gpuflex.train.sync import sync
 from gpuflex.train.transport import Transport, fetch_verified, wait_for_round
 
 if TYPE_CHECKING:
     from gpuflex.train.adversaries import Adversary
+    from gpuflex.train.peer_audit import PeerAuditor
 
 GRAD_CLIP = 1.0  # max gradient norm of an inner step, as in nanoGPT: keeps early steps from blowing up
 # A worker that starts a time-budgeted round late trains what is left of it, but at least this share of
@@ -76,6 +78,7 @@ class WorkerSummary:
     bytes_sent: int = 0  # pseudo-gradient bytes uploaded, stale ones included
     bytes_received: int = 0  # updates and checkpoints downloaded (the dataset not counted)
     compute_s: float = 0.0  # time spent in inner steps
+    peer_audit_s: float = 0.0  # time spent re-running other workers' segments as their peer
     wall_s: float = 0.0  # from the first round's start (joined) to the end
     finished: bool = False  # the job finished (rather than this worker being told to stop)
 
@@ -96,11 +99,12 @@ class RoundResult:
     residual_out: Params = field(default_factory=dict)  # ... and what that compression left
     trace_s: float = 0.0  # of compute_s: building the commitment (hashing and copying states)
 
-    def audit_state(self, segment: int) -> bytes | None:
-        """The blob answering an audit of ``segment`` (None: no such segment)."""
+    def audit_state(self, segment: int, count: int = 1) -> bytes | None:
+        """The blob answering an audit of ``segment`` and, for a peer, the ``count - 1`` after it (None:
+        no such segment)."""
         if not 0 <= segment < len(self.segments):
             return None
-        return AuditState.answer(self.segments, segment, self.residual, self.residual_out).to_bytes()
+        return AuditState.answer(self.segments, segment, self.residual, self.residual_out, count).to_bytes()
 
 
 @dataclass(frozen=True)
@@ -312,6 +316,11 @@ def run_worker(
 
         adversary = adversaries.get(config.adversary)
     loop = _Loop(replica, transport, WorkerSummary(), poll_interval_s, should_stop, adversary)
+    if config.training.verification.peer_segments:
+        from gpuflex.train.peer_audit import PeerAuditor  # it imports this module (through the audit)
+
+        vouch = getattr(adversary, "vouch", list)  # what it reports of its re-runs: what they gave, if honest
+        loop.peers = PeerAuditor(config.training, recipe, transport, shards(config, recipe, fetch), vouch)
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange") as exchange:
             loop.exchange = exchange
@@ -321,6 +330,8 @@ def run_worker(
             group.close(abort=not loop.summary.finished)
     if loop.began is not None:
         loop.summary.wall_s = time.monotonic() - loop.began
+    if loop.peers is not None:
+        loop.summary.peer_audit_s = loop.peers.seconds
     return loop.summary
 
 
@@ -344,12 +355,15 @@ class _Loop:
     pending: Future | None = None
     began: float | None = None  # when this worker had joined and began its first round
     excluded: bool = False  # the transport refused us: the lease ended
+    peers: PeerAuditor | None = None  # with peer audits: this task's side of them
 
     def stopping(self) -> bool:
         return self.excluded or self.should_stop()
 
     def wait(self, newer_than: int) -> RoundState | None:
-        return wait_for_round(self.transport, newer_than, self.poll_interval_s, self.stopping)
+        """The next round; meanwhile, re-run what the aggregator asks of this task as a peer."""
+        idle = self.peers.work if self.peers is not None else None
+        return wait_for_round(self.transport, newer_than, self.poll_interval_s, self.stopping, idle)
 
     def catch_up(self, state: RoundState) -> None:
         self.summary.bytes_received += sync(self.replica.global_, self.transport, state, self.replica.decode)
@@ -436,7 +450,7 @@ class _Loop:
 
     def answer_audit(self, round: int, segment: int, result: RoundResult) -> None:
         """Upload the drawn segment's states, the final state and both residuals (a cheater's: its own)."""
-        blob = result.audit_state(segment)
+        blob = result.audit_state(segment, max(1, self.replica.spec.verification.peer_segments))
         if blob is None:
             self.transport.log(f"round {round}: drawn for audit at segment {segment}, which we cannot answer")
             return

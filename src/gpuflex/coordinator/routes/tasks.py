@@ -49,6 +49,36 @@ def audit_state(body: m.AuditStateSubmit, lease: TaskLease, ctx: Ctx) -> dict[st
     return {"status": "stored"}
 
 
+@router.post("/peer-audits")
+def assign_peer_audit(body: m.PeerAuditAssign, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
+    """The aggregator hands a drawn contribution's segments to another worker of its job to re-run."""
+    with ctx.tx() as s:
+        verification.assign_peer_audit(s, lease, body, ctx.blobs, ctx.now())
+    ids = {"job_id": lease.job_id, "node_id": lease.node_id, "round": body.round}
+    logger.info("peer audit of %s assigned to %s", body.task_id, body.auditor, extra=ids)
+    return {"status": "assigned"}
+
+
+@router.get("/peer-audits")
+def peer_audits(
+    lease: TaskLease, ctx: Ctx, round: int | None = Query(None, ge=0, le=m.INT32_MAX)
+) -> m.PeerAuditList:
+    """The aggregator: every assignment of its job, with the hashes reported. A worker: the assignments
+    its task still has to re-run (a read: workers poll it between rounds)."""
+    with ctx.read() as s:
+        return verification.peer_audits(s, lease, round)
+
+
+@router.post("/peer-audits/report")
+def report_peer_audit(body: m.PeerAuditReport, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
+    """An auditor's trace hashes for the segments it re-ran; its first report stands."""
+    with ctx.tx() as s:
+        verification.report_peer_audit(s, lease, body, ctx.now())
+    ids = {"job_id": lease.job_id, "node_id": lease.node_id, "round": body.round}
+    logger.info("peer audit of %s reported: %d hashes", body.task_id, len(body.hashes), extra=ids)
+    return {"status": "reported"}
+
+
 @router.post("/verdicts")
 def verdict(body: m.VerdictSubmit, lease: TaskLease, ctx: Ctx, metrics: Metrics) -> m.Verdict:
     """The aggregator's verdict on a contribution of its job; a guilty one slashes and bars the node."""

@@ -1,4 +1,4 @@
-"""Verification's consequences on the network: audit draws, audit states, and verdicts.
+"""Verification's consequences on the network: audit draws, audit states, peer audits, and verdicts.
 
 The checks themselves (screening, re-executing a trace segment) run in the aggregator, on a trusted
 core node (``gpuflex.train``); the coordinator keeps what workers commit to and what the aggregator
@@ -12,6 +12,12 @@ task is re-leased, never to that node again (``market.barred_nodes``). A verdict
 (job, round, task, check); posting it again answers the first one. A verdict names the contribution
 by task and round; ``evidence["delta"]``, when given, must still be that contribution's delta, so a
 verdict on work a replacement node has since replaced never convicts the replacement.
+
+Peer audits spare the core node's compute: the aggregator hands a drawn contribution's segments to
+another worker of the job (the auditor, on another provider) and re-runs only where the auditor's
+trace hashes disagree with the contribution's. One assignment per (job, round, task), and the
+auditor's first report stands. A worker sees only the assignments still waiting for its own task,
+never what anyone reported: an auditor shown another's hashes could copy them instead of re-running.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Node, Task, Verdict
+from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Node, PeerAudit, Task, Verdict
 from gpuflex.coordinator.services import leases, stakes
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.protocol import messages as m
@@ -73,6 +79,87 @@ def submit_audit_state(session: Session, lease: Lease, msg: m.AuditStateSubmit, 
     row.audit_state = msg.state
 
 
+def assign_peer_audit(
+    session: Session, lease: Lease, msg: m.PeerAuditAssign, blobs: BlobStore, now: float
+) -> None:
+    """Hand a drawn contribution's segments to another worker of the job (the same again is a no-op)."""
+    job = _aggregated_by(session, lease)
+    contribution = session.scalars(
+        select(Contribution).where(
+            Contribution.job_id == job.id,
+            Contribution.round == msg.round,
+            Contribution.task_id == msg.task_id,
+        )
+    ).first()
+    if contribution is None:
+        raise NotFound(f"no contribution of task {msg.task_id} to round {msg.round} of job {job.id}")
+    if contribution.audit_segment is None:
+        raise Conflict(f"the contribution of {msg.task_id} to round {msg.round} was not drawn for audit")
+    if msg.auditor == msg.task_id:
+        raise BadRequest(f"task {msg.task_id} cannot audit its own contribution: name another worker")
+    auditor = session.get(Task, msg.auditor)
+    if auditor is None or auditor.job_id != job.id or auditor.role != "worker":
+        raise BadRequest(f"the auditor {msg.auditor} is not a worker of job {job.id}")
+    existing = session.get(PeerAudit, (job.id, msg.round, msg.task_id))
+    if existing is not None:
+        assigned = (existing.auditor_task_id, existing.worker, existing.segment, existing.state)
+        if assigned != (msg.auditor, msg.worker, msg.segment, msg.state):
+            raise Conflict(f"round {msg.round} of {msg.task_id} is already assigned to {assigned[0]}")
+        return
+    if not blobs.exists(msg.state):
+        raise BadRequest(f"blob {msg.state} is not in the blob store: upload it first")
+    session.add(
+        PeerAudit(
+            job_id=job.id,
+            round=msg.round,
+            task_id=msg.task_id,
+            auditor_task_id=msg.auditor,
+            worker=msg.worker,
+            segment=msg.segment,
+            state=msg.state,
+            created_at=now,
+        )
+    )
+
+
+def peer_audits(session: Session, lease: Lease, round_: int | None) -> m.PeerAuditList:
+    """The aggregator's view: every assignment of its job, with what was reported. A worker's: only
+    those still waiting for its own task. Of ``round_`` if given; by round, then audited task."""
+    query = select(PeerAudit).where(PeerAudit.job_id == lease.job_id)
+    if session.get(Task, lease.task_id).role != "aggregator":
+        query = query.where(PeerAudit.auditor_task_id == lease.task_id, PeerAudit.reported_at.is_(None))
+    if round_ is not None:
+        query = query.where(PeerAudit.round == round_)
+    rows = session.scalars(query.order_by(PeerAudit.round, PeerAudit.task_id))
+    return m.PeerAuditList(audits=[_peer_audit_view(row) for row in rows])
+
+
+def report_peer_audit(session: Session, lease: Lease, msg: m.PeerAuditReport, now: float) -> None:
+    """Take the auditor's trace hashes for what it re-ran; its first report stands (the same is a no-op)."""
+    row = session.get(PeerAudit, (lease.job_id, msg.round, msg.task_id), with_for_update=True)
+    if row is None:
+        raise NotFound(f"no peer audit of task {msg.task_id} in round {msg.round} of job {lease.job_id}")
+    if row.auditor_task_id != lease.task_id:
+        raise Forbidden(f"the peer audit of {msg.task_id} in round {msg.round} was assigned to another task")
+    if row.hashes is not None:
+        if row.hashes != msg.hashes:
+            raise Conflict(f"the peer audit of {msg.task_id} in round {msg.round} was already reported")
+        return
+    row.hashes, row.reported_at = list(msg.hashes), now
+
+
+def _peer_audit_view(row: PeerAudit) -> m.PeerAudit:
+    return m.PeerAudit(
+        round=row.round,
+        task_id=row.task_id,
+        auditor=row.auditor_task_id,
+        worker=row.worker,
+        segment=row.segment,
+        state=row.state,
+        hashes=row.hashes,
+    )
+
+
 def record(session: Session, lease: Lease, msg: m.VerdictSubmit, now: float) -> m.Verdict:
     """Record the aggregator's verdict on a contribution of its job, and carry out what it entails."""
     job = _aggregated_by(session, lease)
@@ -120,7 +207,7 @@ def record(session: Session, lease: Lease, msg: m.VerdictSubmit, now: float) -> 
     )
     if msg.guilty:
         _convict(session, job, contribution, node, verdict, now)
-    elif msg.check == "audit":
+    elif msg.check in ("audit", "peer-audit", "dispute"):  # its work was re-run, and stood
         node.audits_passed += 1
     session.add(verdict)
     session.flush()
@@ -130,9 +217,9 @@ def record(session: Session, lease: Lease, msg: m.VerdictSubmit, now: float) -> 
 def _aggregated_by(session: Session, lease: Lease) -> Job:
     """The job whose aggregator holds ``lease``, on a core node (the only ones trusted to judge), locked."""
     if session.get(Task, lease.task_id).role != "aggregator":
-        raise Forbidden("only the aggregator of a job passes verdicts")
+        raise Forbidden("only the aggregator of a job judges its contributions")
     if session.get(Node, lease.node_id).kind != "core":
-        raise Forbidden("only an aggregator on a core node passes verdicts")
+        raise Forbidden("only an aggregator on a core node judges contributions")
     return session.get(Job, lease.job_id, with_for_update=True)
 
 

@@ -78,6 +78,20 @@ def for_task(config: TaskConfig, fetch: Callable[[str], bytes]) -> tuple[Recipe,
     return recipe, recipe.build_data(dataset, spec, config.worker_index, config.num_workers)
 
 
+def shards(config: TaskConfig, recipe: Recipe, fetch: Callable[[str], bytes]) -> Callable[[int], TaskData]:
+    """Any worker's shard of the task's dataset by worker index, each built once: what an auditor draws
+    that worker's batches from."""
+    dataset = fetch(config.dataset) if config.dataset else None
+    built: dict[int, TaskData] = {}
+
+    def data_for(worker: int) -> TaskData:
+        if worker not in built:
+            built[worker] = recipe.build_data(dataset, config.training, worker, config.num_workers)
+        return built[worker]
+
+    return data_for
+
+
 def build_model(spec: TrainingSpec, recipe: Recipe | None = None) -> nn.Module:
     """The recipe's model, initialised from ``spec.seed``."""
     recipe = recipe or get_recipe(spec.recipe)

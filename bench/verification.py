@@ -71,10 +71,10 @@ LONG_SEGMENTS = 64
 LONG_MODEL = ModelSpec(n_layer=2, n_head=2, n_embd=64, block_size=64)
 LONG_BATCH = 32
 # Peer audits: a second provider re-runs a quarter of a round from each drawn segment; the kinds they
-# are measured against: the one-segment shirker a single re-run segment rarely sees, and two that cheat
-# on every step
+# are measured against: the one-segment shirker a single re-run segment rarely sees, two that cheat on
+# every step, and a peer that reports its re-runs of others' segments falsely
 PEER_SEGMENTS = 8
-PEER_KINDS = ["skip-segment", "skip-segment", "few-steps", "bf16"]
+PEER_KINDS = ["skip-segment", "skip-segment", "few-steps", "bf16", "framer"]
 
 
 def beta_cdf(x: float, a: float, b: float) -> float:

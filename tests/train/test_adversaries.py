@@ -67,6 +67,20 @@ def test_a_shirker_of_one_segment_passes_every_screen_and_only_an_audit_of_that_
     assert findings[caught[0]].check == "audit" and "reproduce" in findings[caught[0]].reason
 
 
+def test_with_peer_audits_a_framer_is_convicted_and_the_worker_it_audited_is_cleared(corpus):
+    """Each of the 2 workers is the other's only peer; the framer changes the last hash it reports,
+    and the core node's re-run of that one segment clears the accused and convicts the framer."""
+    spec = _spec(1).model_copy(
+        update={"verification": _spec(1).verification.model_copy(update={"peer_segments": 2})}
+    )
+    drill = Drill(spec, corpus, [None, "framer"])
+    judged, _ = drill.round(0, lambda worker, c: 0)
+    accused, framer = (j.verdict for j in judged)
+    assert (accused.guilty, accused.check, accused.evidence["segment"]) == (False, "dispute", 1), accused
+    assert (framer.guilty, framer.check, framer.evidence["task"]) == (True, "dispute", "w0"), framer
+    assert drill.peer_s > 0
+
+
 def test_an_unknown_kind_is_a_clear_error():
     with pytest.raises(BadRequest, match="unknown adversary"):
         adversaries.get("nice")

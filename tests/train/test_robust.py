@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuflex.train.robust import median, naive_mean, robust_mean, screen
+from gpuflex.train.robust import fresh, median, naive_mean, robust_mean, screen
 
 vectors = st.lists(
     st.lists(st.floats(-10, 10, allow_nan=False, width=32), min_size=6, max_size=6), min_size=1, max_size=9
@@ -51,6 +51,20 @@ def test_a_younger_residual_chain_is_held_to_the_norms_of_chains_no_older():
     found = screen([*old, *joiners], [1.0] * 8, chains=[6] * 5 + [1, 0, 1])
     assert found[5:7] == [None, None] and "norm is under" in found[7][0]
     assert found[7][1]["peers_median_norm"] < found[7][1]["median_norm"]
+
+
+def test_a_fresh_residual_chain_is_not_judged_by_its_cosine_and_the_verifier_confirms_its_loss():
+    """A joiner's top-k picks other coordinates than the others' carried residuals (an honest one measured
+    cosine -0.014): its cosine says nothing, so the loss test judges it on every confirming batch."""
+    g = torch.Generator().manual_seed(3)
+    direction = torch.randn(100, generator=g)
+    old = [direction + 0.5 * torch.randn(100, generator=g) for _ in range(5)]
+    noise = torch.randn(100, generator=g)
+    across = noise - (noise @ direction) / (direction @ direction) * direction
+    joiner = across - 0.1 * direction  # across them, and slightly against
+    assert "cosine" in screen([*old, joiner], [1.0] * 6, chains=[6] * 6)[-1][0]
+    assert screen([*old, joiner], [1.0] * 6, chains=[6] * 5 + [0])[-1] is None
+    assert fresh([6, 6, 6, 0, 5]) == [False, False, False, True, True] and fresh([0, 0, 0]) == [False] * 3
 
 
 def test_the_naive_mean_weighs_by_tokens_and_a_big_claim_buys_no_more_than_the_median():

@@ -109,7 +109,8 @@ class Drill:
         self, r: int, j: Judged, result: RoundResult, segment: int, judged: list[Judged], load: dict[str, int]
     ) -> VerdictSubmit:
         """The core node's audit of the drawn segment; with peer audits, a peer's re-run (its seconds go
-        to ``peer_s``) and the core node's of a dispute (``peer_audit.py``)."""
+        to ``peer_s``; a framer reports what it likes) and the core node's of a dispute
+        (``peer_audit.py``)."""
         count = self.spec.verification.peer_segments
         blob = result.audit_state(segment, max(1, count))
         if not count:
@@ -120,4 +121,6 @@ class Drill:
         began = time.perf_counter()
         hashes = replay(self.spec, self.recipe, delegated.order(), j.batches, model=self.peer_model)
         self.peer_s += time.perf_counter() - began
+        peer = self.players.get(int(delegated.peer.contribution.task_id.removeprefix("w")))
+        hashes = getattr(peer, "vouch", list)(hashes)  # what the peer reports: a framer changes it
         return settle(self.verifier, r, j, delegated, hashes)

@@ -13,17 +13,19 @@ Checks, cheapest first; the first that fails convicts (``check="screen"``):
    lower bound is set by the deltas whose residual chains are no longer than its own: a worker that
    joined later (a replacement node) compresses with a residual that has carried less mass over
    fewer rounds (honest joiners measured 0.30-0.43x the median of the others in
-   ``bench/verification.py``'s jobs).
+   ``bench/verification.py``'s jobs). Such a ``fresh`` delta's cosine says nothing (an honest joiner's
+   measured −0.014); the loss test below judges it in full instead, so claiming an empty residual
+   escapes no check.
 3. loss gain: the delta applied to the round's model must lower the loss on the worker's own assigned
    batches. Each is first tried on the last batch it drew (two forward passes); one that shows no gain
-   there is judged on up to ``CONFIRM_BATCHES`` of its batches, along the delta and against it: the
-   difference is its first-order descent, the sum its curvature cost. It is convicted if its descent is
-   under ``DESCENT_MIN`` × that cost. Honest deltas do not always lower the loss: past a small model's
-   plateau, or with a large learning rate, training can overshoot ("gain <= 0 on the last batch"
-   convicted 5 of 120 honest contributions in 60 rounds of the integration tests' job; "gain <= 0 on
-   all of them", 1 of 120 in ``bench/verification.py``'s plateau job), but an overshooting delta still
-   points downhill (descent near the cost or above). Noise points nowhere (descent near 0), a flipped
-   delta uphill; both cost as much as an honest delta of their length.
+   there, or is ``fresh``, is judged on up to ``CONFIRM_BATCHES`` of its batches, along the delta and
+   against it: the difference is its first-order descent, the sum its curvature cost. It is convicted
+   if its descent is under ``DESCENT_MIN`` × that cost. Honest deltas do not always lower the loss:
+   past a small model's plateau, or with a large learning rate, training can overshoot ("gain <= 0 on
+   the last batch" convicted 5 of 120 honest contributions in 60 rounds of the integration tests' job;
+   "gain <= 0 on all of them", 1 of 120 in ``bench/verification.py``'s plateau job), but an
+   overshooting delta still points downhill (descent near the cost or above). Noise points nowhere
+   (descent near 0), a flipped delta uphill; both cost as much as an honest delta of their length.
 4. duplicates: contributions claiming one worker's batches: all but the one whose delta fits them best,
    against as many other batches of the shard, are convicted (training fits the batches trained on).
 
@@ -55,7 +57,7 @@ from gpuflex.train.audit import Claim, Finding, audit, check_state, rerun_segmen
 from gpuflex.train.commitment import EMPTY_RESIDUAL, AuditState, data_hash, trace_every
 from gpuflex.train.data import round_generator, round_seed
 from gpuflex.train.recipes import Batch, Recipe, TaskData, build_model
-from gpuflex.train.robust import THRESHOLDS, Delta, Thresholds, flatten, screen
+from gpuflex.train.robust import THRESHOLDS, Delta, Thresholds, flatten, fresh, screen
 from gpuflex.train.schedule import lr_share
 
 MARGIN_BATCHES = 1  # assigned batches (the last ones drawn) a duplicate claim is judged on
@@ -118,7 +120,8 @@ class Verifier:
         ):
             if found is not None:
                 self._convict(j, round, found[0], found[1])
-        self._loss_gain(round, params, [j for j in judged if not j.guilty])
+        young = {id(j) for j, is_fresh in zip(alive, fresh(chains), strict=True) if is_fresh}
+        self._loss_gain(round, params, [j for j in judged if not j.guilty], young)
         self.compute_s += time.perf_counter() - began
         return judged
 
@@ -204,9 +207,10 @@ class Verifier:
     def _batches(self, worker: int, round: int, rank: int, count: int) -> list[Batch]:
         return assigned_batches(self.spec, self.data_for(worker), worker, round, rank, count)
 
-    def _loss_gain(self, round: int, params: Delta, alive: list[Judged]) -> None:
+    def _loss_gain(self, round: int, params: Delta, alive: list[Judged], fresh: set[int]) -> None:
+        """``fresh``: ids of the deltas the cosine screen passed over, judged on every confirming batch."""
         for j in alive:
-            if self._gain(params, j.delta, j.batches[-1:]) > 0:
+            if id(j) not in fresh and self._gain(params, j.delta, j.batches[-1:]) > 0:
                 continue
             # a suspicion: along the delta and against it, on the batches it claims
             batches = spread(j.batches, CONFIRM_BATCHES)

@@ -84,15 +84,7 @@ def assign_peer_audit(
 ) -> None:
     """Hand a drawn contribution's segments to another worker of the job (the same again is a no-op)."""
     job = _aggregated_by(session, lease)
-    contribution = session.scalars(
-        select(Contribution).where(
-            Contribution.job_id == job.id,
-            Contribution.round == msg.round,
-            Contribution.task_id == msg.task_id,
-        )
-    ).first()
-    if contribution is None:
-        raise NotFound(f"no contribution of task {msg.task_id} to round {msg.round} of job {job.id}")
+    contribution = _contribution(session, job.id, msg.round, msg.task_id)
     if contribution.audit_segment is None:
         raise Conflict(f"the contribution of {msg.task_id} to round {msg.round} was not drawn for audit")
     if msg.auditor == msg.task_id:
@@ -175,15 +167,7 @@ def record(session: Session, lease: Lease, msg: m.VerdictSubmit, now: float) -> 
         if existing.guilty != msg.guilty:
             raise Conflict(f"a {msg.check} verdict on round {msg.round} of {msg.task_id} already stands")
         return view(existing)
-    contribution = session.scalars(
-        select(Contribution).where(
-            Contribution.job_id == job.id,
-            Contribution.round == msg.round,
-            Contribution.task_id == msg.task_id,
-        )
-    ).first()
-    if contribution is None:
-        raise NotFound(f"no contribution of task {msg.task_id} to round {msg.round} of job {job.id}")
+    contribution = _contribution(session, job.id, msg.round, msg.task_id)
     judged = msg.evidence.get("delta")
     if judged is not None and judged != contribution.delta:
         # The task's new holder replaced the contribution judged: the verdict is not about its node.
@@ -260,3 +244,14 @@ def view(row: Verdict) -> m.Verdict:
         slashed=to_credits(row.slashed_micro),
         withheld=to_credits(row.withheld_micro),
     )
+
+
+def _contribution(session: Session, job_id: str, round_: int, task_id: str) -> Contribution:
+    contribution = session.scalars(
+        select(Contribution).where(
+            Contribution.job_id == job_id, Contribution.round == round_, Contribution.task_id == task_id
+        )
+    ).first()
+    if contribution is None:
+        raise NotFound(f"no contribution of task {task_id} to round {round_} of job {job_id}")
+    return contribution

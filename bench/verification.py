@@ -296,7 +296,8 @@ def main() -> None:
     long_spec = spec_for(
         long_args, 1 if args.quick else 2, model=LONG_MODEL, batch_size=LONG_BATCH, segments=LONG_SEGMENTS
     )
-    run_job([None] * 3 + [LATE], long_spec, corpus, long, seed=0)
+    # --quick: two workers (one late): this job alone took 161 s of a quick run with four
+    run_job([None] * (1 if args.quick else 3) + [LATE], long_spec, corpus, long, seed=0)
     # peer audits: another worker re-runs PEER_SEGMENTS segments from each drawn one, the core node
     # re-runs only the first segment of a dispute
     peer = Tally()
@@ -308,7 +309,7 @@ def main() -> None:
         tally.honest += honest_only.honest
         tally.false_positives += honest_only.false_positives
     # at the job's default audit rate: most ALIE rounds go unaudited, and only the clipping bounds them
-    alie_spec = spec_for(args, 6 if args.quick else 12, audit_rate=DEFAULT_RATE)
+    alie_spec = spec_for(args, 4 if args.quick else 12, audit_rate=DEFAULT_RATE)
     clean = run_job([None] * 10, alie_spec, corpus, None, seed=0)
     with_alie = run_job([None] * 8 + ["alie"] * 2, alie_spec, corpus, None, seed=0)
     # the same attack against the plain token-weighted mean (no screening, no clipping), for comparison

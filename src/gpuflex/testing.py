@@ -141,8 +141,12 @@ def check_invariants(database_url: str, *, ledger_public_key: str | None = None)
     coordinator's ``ledger_public_key`` to check the journal's signatures too.
     """
     engine = make_engine(database_url)
+    # one snapshot for every table: under PostgreSQL's default isolation each statement sees its own, and
+    # a round published between reading its job and reading its rounds looked like a broken invariant
+    postgres = engine.dialect.name == "postgresql"
+    reads = engine.execution_options(isolation_level="REPEATABLE READ") if postgres else engine
     try:
-        with make_sessionmaker(engine)() as session:
+        with make_sessionmaker(reads)() as session:
             return [
                 *_lease_problems(session),
                 *_round_problems(session),

@@ -207,10 +207,11 @@ class Verifier:
     def _batches(self, worker: int, round: int, rank: int, count: int) -> list[Batch]:
         return assigned_batches(self.spec, self.data_for(worker), worker, round, rank, count)
 
-    def _loss_gain(self, round: int, params: Delta, alive: list[Judged], fresh: set[int]) -> None:
-        """``fresh``: ids of the deltas the cosine screen passed over, judged on every confirming batch."""
+    def _loss_gain(self, round: int, params: Delta, alive: list[Judged], young: set[int]) -> None:
+        """``young``: ids of the ``fresh`` deltas the cosine screen passed over, judged on every
+        confirming batch."""
         for j in alive:
-            if id(j) not in fresh and self._gain(params, j.delta, j.batches[-1:]) > 0:
+            if id(j) not in young and self._gain(params, j.delta, j.batches[-1:]) > 0:
                 continue
             # a suspicion: along the delta and against it, on the batches it claims
             batches = spread(j.batches, CONFIRM_BATCHES)

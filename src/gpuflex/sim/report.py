@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from gpuflex.market.pricing import step_seconds
 from gpuflex.protocol.money import to_credits
 from gpuflex.sim import bandwidth
 from gpuflex.sim.engine import Job, Simulation
 from gpuflex.sim.scenario import Cloud
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def cloud_cost(job: Job, cloud: Cloud) -> float:
@@ -146,6 +148,11 @@ def write(
 
 
 def _figure(rows: int = 1, *, size: tuple[float, float] = (8, 4.5), **kw):
+    """Matplotlib is imported here, not at the top: every ``gpuflex`` command imports this module
+    and would pay its import (0.4 s) for nothing."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=size)
     FigureCanvasAgg(fig)
     return fig, fig.subplots(rows, 1, **kw)

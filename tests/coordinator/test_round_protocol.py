@@ -7,6 +7,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import Lease
+from gpuflex.coordinator.services import jobs, leases
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.ledger import accounts
 from gpuflex.ledger.export import from_export
@@ -285,6 +286,30 @@ def test_a_failed_task_is_retried_then_fails_the_job(coordinator):
     final = alice.job(job.id)
     assert final.state == "failed" and "failed 3 times" in final.reason
     assert alice.balance().balance == pytest.approx(10 - final.spent)
+
+
+def test_a_jobs_metered_cost_counts_every_lease_it_had_the_ended_as_they_ended_the_live_until_now(
+    coordinator,
+):
+    alice, core, community, job = _network(coordinator, workers=2)
+    unplaced = alice.submit(_spec(1), alice.upload(b"y" * 1000))  # every node is busy: no lease yet
+    core.lease()
+    first = community[0].lease()
+    coordinator.clock.advance(30)
+    community[0].report(first.lease_id, m.LeaseReport(epoch=first.epoch, outcome="failed", detail="boom"))
+    community[1].lease()
+    again = community[0].lease()  # the failed task, re-leased: the job's third worker lease
+    assert again.task_id == first.task_id and again.epoch == first.epoch + 1
+    coordinator.clock.advance(12)
+    community[0].heartbeat([m.LeaseHeld(lease_id=again.lease_id, epoch=again.epoch)])
+    coordinator.clock.advance(5)  # past the last renewal, within the lease's life
+    now = coordinator.ctx.now()
+    with coordinator.ctx.tx() as s:
+        every = s.query(Lease).filter(Lease.job_id == job.id).all()
+        assert sorted(lease.state for lease in every) == ["active", "active", "active", "failed"]
+        expected = sum(leases.metered_cost(lease, now) for lease in every)
+        assert jobs.metered(s, [job.id, unplaced.id], now) == {job.id: expected, unplaced.id: 0}
+    assert expected > 0
 
 
 def test_a_job_that_spends_its_budget_is_stopped(coordinator):

@@ -8,6 +8,7 @@ refund) are one transaction, so a crash can't pay twice or leave money in escrow
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -78,14 +79,27 @@ def list_for(session: Session, account: Account) -> list[Job]:
 
 def spent(session: Session, job: Job, now: float) -> int:
     """What the job costs its owner: metered lease time, never more than the budget in escrow."""
-    return min(job.budget_micro, metered(session, job, now))
+    return min(job.budget_micro, metered(session, [job.id], now)[job.id])
 
 
-def metered(session: Session, job: Job, now: float) -> int:
-    return sum(
-        leases.metered_cost(lease, now)
-        for lease in session.scalars(select(Lease).where(Lease.job_id == job.id))
+def metered(session: Session, job_ids: Collection[str], now: float) -> dict[str, int]:
+    """Each job's leases' cost so far: the ended ones' as set when they ended, summed by the database, and
+    the live ones' up to now. The reaper asks it of every open job each pass: loading every lease each
+    job ever had took it a third as long as the lease writer's work, in a storm of lease requests (py-spy)."""
+    costs = dict.fromkeys(job_ids, 0)
+    ended = (
+        select(Lease.job_id, func.sum(Lease.cost_micro))
+        .where(Lease.job_id.in_(costs), Lease.state != "active")
+        .group_by(Lease.job_id)
     )
+    for job_id, cost in session.execute(ended):
+        costs[job_id] += int(cost)  # PostgreSQL sums a bigint as a numeric
+    live = select(Lease.job_id, Lease.granted_at, Lease.expires_at, Lease.ended_at, Lease.price_micro).where(
+        Lease.job_id.in_(costs), Lease.state == "active"
+    )
+    for lease in session.execute(live):
+        costs[lease.job_id] += leases.metered_cost(lease, now)
+    return costs
 
 
 def finish(session: Session, job: Job, state: str, reason: str, now: float, *, fee_bps: int) -> None:
@@ -127,11 +141,19 @@ def cancel(session: Session, account: Account, job_id: str, now: float, *, fee_b
 
 def enforce_limits(session: Session, now: float, *, fee_bps: int) -> None:
     """Stop running jobs that spent their budget or whose task failed too often."""
-    for job in session.scalars(select(Job).where(Job.state.in_(OPEN_JOB_STATES))):
-        failures = session.scalar(select(func.max(Task.failures)).where(Task.job_id == job.id)) or 0
+    jobs = list(session.scalars(select(Job).where(Job.state.in_(OPEN_JOB_STATES))))
+    ids = [job.id for job in jobs]
+    most_failures = dict(
+        session.execute(
+            select(Task.job_id, func.max(Task.failures)).where(Task.job_id.in_(ids)).group_by(Task.job_id)
+        ).all()
+    )
+    costs = metered(session, ids, now)
+    for job in jobs:
+        failures = most_failures.get(job.id) or 0
         if failures >= MAX_TASK_FAILURES:
             finish(session, job, "failed", f"a task failed {failures} times", now, fee_bps=fee_bps)
-        elif metered(session, job, now) >= job.budget_micro:
+        elif costs[job.id] >= job.budget_micro:
             state = "completed" if job.round > 0 else "failed"
             finish(session, job, state, "budget spent", now, fee_bps=fee_bps)
 

@@ -8,6 +8,7 @@ writers queue on the busy timeout instead of failing on a read-to-write upgrade.
 from __future__ import annotations
 
 import secrets
+import time
 
 from sqlalchemy import (
     JSON,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 
@@ -328,7 +330,33 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(url, pool_size=10, max_overflow=20)
+    _ping_idle_connections(engine)
+    return engine
+
+
+IDLE_PING_S = 1.0  # a pooled connection unused for longer is pinged before it is handed out
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """Ping a pooled connection before use only if it sat idle: one the server may have dropped
+    meanwhile (a restart, an idle timeout) is replaced, not handed out to fail. ``pool_pre_ping`` pings
+    on every checkout, a round trip per transaction: about one in ten of a lease batch's, the group
+    commit's writers taking a connection per batch (py-spy)."""
+
+    @event.listens_for(engine, "checkin")
+    def _idle_from(_dbapi_conn, record) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_conn, record, _proxy) -> None:
+        idle_since = record.info.pop("idle_since", None)
+        if idle_since is None or time.monotonic() - idle_since < IDLE_PING_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as err:  # the pool disposes of it and hands out a fresh one
+            raise DisconnectionError(f"a pooled connection was dead: {err}") from err
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import bindparam, insert, select, tuple_, update
+from sqlalchemy import Row, bindparam, exists, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuflex.auth.tokens import new_task_token, token_hash
@@ -31,7 +31,7 @@ def metered_cost(lease: Lease, now: float) -> int:
     return lease_cost_micro(max(0.0, until - lease.granted_at), lease.price_micro)
 
 
-def _price_micro(job: Job, task: Task, node: Node) -> int:
+def _price_micro(job: Row, task: Row, node: Row) -> int:
     """What a lease is metered at: the node's own price, or its job's auction clearing price for a worker."""
     return lease_price(task.role, node.price_micro, job.clearing_price_micro)
 
@@ -40,13 +40,13 @@ def _event(session: Session, job_id: str, now: float, message: str) -> None:
     session.add(JobEvent(job_id=job_id, at=now, message=message))
 
 
-# what ``grant`` reads of a node: the batch loads only these
+# what ``grant`` reads of a node (``registry.nodes`` loads rows of these)
 GRANT_READS = (Node.state, Node.available_until, Node.price_micro, Node.name)
 
 
 def grant(
     session: Session,
-    nodes: Sequence[Node],
+    nodes: Sequence[Row],
     settings: CoordinatorSettings,
     rules: Liveness,
     now: float,
@@ -60,13 +60,7 @@ def grant(
     With nothing placed on some of them, one placement pass runs first if ``may_place()`` (a replica
     throttles them). One statement per kind of row for all the nodes.
     """
-    first = list({n.id: n for n in nodes}.values())
-    holding = set(
-        session.scalars(
-            select(Lease.node_id).where(Lease.node_id.in_([n.id for n in first]), Lease.state == "active")
-        )
-    )
-    asking = [n for n in first if n.id not in holding]
+    asking = list({n.id: n for n in nodes}.values())
     on_offer = [
         n.id for n in asking if n.state == "online" and (n.available_until is None or n.available_until > now)
     ]
@@ -88,54 +82,73 @@ def grant(
             rows.append(lease)
             message = f"{task.role} {task.index} leased to {node.name} ({node.id}), epoch {grant.epoch}"
             events.append({"job_id": job.id, "at": now, "message": message})
-    if rows:  # bulk inserts: no ORM object per row
-        session.execute(insert(Lease), rows)
-        session.execute(insert(JobEvent), events)
+    if rows:  # Core bulk inserts: no ORM bookkeeping per row
+        session.connection().execute(_INSERT_LEASES, rows)
+        session.connection().execute(_INSERT_EVENTS, events)
     return [grants.pop(node.id, None) for node in nodes]  # a node named twice: its first answer has it
 
 
-def _placed_on(session: Session, node_ids: Sequence[str]) -> dict[str, Task]:
-    """The task placed on each of ``node_ids`` and not yet leased, locked (PostgreSQL: ``SKIP LOCKED``,
-    so a grant never queues behind another replica's grant of the same task; it finds nothing)."""
+_INSERT_LEASES, _INSERT_EVENTS = insert(Lease.__table__), insert(JobEvent.__table__)
+
+
+def _placed_on(session: Session, node_ids: Sequence[str]) -> dict[str, Row]:
+    """The task placed on each of ``node_ids`` that holds no lease, not yet leased, locked (PostgreSQL:
+    ``SKIP LOCKED``, so a grant never queues behind another replica's grant of the same task; it finds
+    nothing)."""
     if not node_ids:
         return {}
-    query = select(Task).where(Task.node_id.in_(node_ids), Task.state == "pending")
-    placed: dict[str, Task] = {}
-    for task in session.scalars(query.order_by(Task.node_id, Task.role).with_for_update(skip_locked=True)):
+    placed: dict[str, Row] = {}
+    for task in session.execute(_PLACED, {"nodes": list(node_ids)}):
         placed.setdefault(task.node_id, task)
     return placed
 
 
+# rows, not ORM objects: the batch only reads them
+_PLACED = (
+    select(Task.id, Task.job_id, Task.role, Task.index, Task.epoch, Task.node_id)
+    .where(Task.node_id.in_(bindparam("nodes", expanding=True)), Task.state == "pending")
+    .where(~exists().where(Lease.node_id == Task.node_id, Lease.state == "active"))
+    .order_by(Task.node_id, Task.role)
+    .with_for_update(skip_locked=True)
+)
+
+
 _TASKS = Task.__table__
+_CLAIM = (
+    update(_TASKS)
+    .where(tuple_(_TASKS.c.id, _TASKS.c.epoch).in_(bindparam("as_read", expanding=True)))
+    .where(_TASKS.c.state == "pending")
+    .values(state="leased", epoch=_TASKS.c.epoch + 1)
+    .returning(_TASKS.c.id, _TASKS.c.epoch)
+)
 
 
-def _claim(session: Session, tasks: Sequence[Task]) -> dict[str, int]:
+def _claim(session: Session, tasks: Sequence[Row]) -> dict[str, int]:
     """Compare-and-set ``pending`` -> ``leased``, epoch + 1, on every task still as read; returns the
     new epoch of each task claimed."""
     if not tasks:
         return {}
     as_read = sorted((t.id, t.epoch) for t in tasks)
-    claim = (
-        update(_TASKS)
-        .where(tuple_(_TASKS.c.id, _TASKS.c.epoch).in_(as_read), _TASKS.c.state == "pending")
-        .values(state="leased", epoch=_TASKS.c.epoch + 1)
-        .returning(_TASKS.c.id, _TASKS.c.epoch)
-    )
-    return dict(session.connection().execute(claim).all())
+    return dict(session.connection().execute(_CLAIM, {"as_read": as_read}).all())
 
 
-def _open_jobs(session: Session, job_ids: set[str]) -> dict[str, tuple[Job, JobSpec]]:
+def _open_jobs(session: Session, job_ids: set[str]) -> dict[str, tuple[Row, JobSpec]]:
     """The jobs of the tasks being leased, with their specs parsed once; each now runs."""
-    jobs = {}
-    for job in session.scalars(select(Job).where(Job.id.in_(job_ids)).order_by(Job.id)):
-        if job.state in ("pending", "scheduled"):
-            job.state = "running"
-        jobs[job.id] = (job, JobSpec.model_validate(job.spec))
-    return jobs
+    jobs = list(session.execute(_OPEN_JOBS, {"jobs": sorted(job_ids)}))
+    if starting := [job.id for job in jobs if job.state in ("pending", "scheduled")]:
+        session.execute(_RUN, {"jobs": starting})
+    return {job.id: (job, JobSpec.model_validate(job.spec)) for job in jobs}
+
+
+# ORM-enabled statements: the session flushes what it holds first (a job a placement pass just scheduled)
+_OPEN_JOBS = select(
+    Job.id, Job.state, Job.dataset, Job.recipe_code, Job.clearing_price_micro, Job.spec
+).where(Job.id.in_(bindparam("jobs", expanding=True)))
+_RUN = update(Job).where(Job.id.in_(bindparam("jobs", expanding=True))).values(state="running")
 
 
 def _lease(
-    node: Node, task: Task, epoch: int, job: Job, spec: JobSpec, now: float, expires_at: float
+    node: Row, task: Row, epoch: int, job: Row, spec: JobSpec, now: float, expires_at: float
 ) -> tuple[dict, LeaseGrant]:
     """The row of a claimed task's lease, and its grant with the task token only its holder learns."""
     token = new_task_token()

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, delete, or_, select, update
+from sqlalchemy import Row, bindparam, delete, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, load_only
+from sqlalchemy.orm import Session
 
 from gpuflex.auth.signing import HEADER_NODE, node_id_for, signed_request
 from gpuflex.coordinator.db import Node, Nonce
@@ -156,11 +156,11 @@ def record_beats(
     return outcome
 
 
-def nodes(session: Session, node_ids: Sequence[str], columns: Sequence) -> dict[str, Node]:
-    """The known nodes among ``node_ids``, by id, in one query, with only ``columns`` loaded (the
-    others load when read)."""
-    query = select(Node).where(Node.id.in_(set(node_ids))).options(load_only(*columns))
-    return {n.id: n for n in session.scalars(query)}
+def nodes(session: Session, node_ids: Sequence[str], columns: Sequence) -> dict[str, Row]:
+    """The known nodes among ``node_ids``, by id, in one query: rows of their id and ``columns``, not ORM
+    objects, which a lease batch would build only to read."""
+    query = select(Node.id, *columns).where(Node.id.in_(set(node_ids)))
+    return {n.id: n for n in session.execute(query)}
 
 
 def admit(

@@ -2,6 +2,8 @@
 request answered as if it had come alone."""
 
 import secrets
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -114,3 +116,46 @@ def test_a_call_that_fails_its_check_is_refused_with_why_and_never_written(coord
     with coordinator.ctx.tx() as s:
         holders = set(s.scalars(select(Lease.node_id).where(Lease.state == "active")))
     assert holders == {n.key.node_id for n in nodes[1:]}
+
+
+def test_under_load_a_batch_waits_for_as_many_calls_as_the_one_before_and_a_lone_call_for_none(coordinator):
+    """The callers a batch answered ask again at once: the next batch waits for them (up to ``linger_s``)
+    rather than going with the one call queued meanwhile and leaving them to the batch after."""
+    sizes: list[int] = []
+    gate = threading.Semaphore(0)  # each batch is written once the test lets it
+
+    class Gated(LeaseGranter):
+        def write(self, session, calls):
+            sizes.append(len(calls))
+            assert gate.acquire(timeout=30)
+            return super().write(session, calls)
+
+    nodes = [coordinator.node(f"c{i}", price=0.1) for i in range(9)]
+    writer = Gated(coordinator.ctx, CoordinatorMetrics(coordinator.ctx), linger_s=60)  # only a count ends it
+
+    def until(done) -> None:
+        for _ in range(1000):
+            if done():
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"batches so far: {sizes}")
+
+    writer.start()
+    try:
+        calls = [writer.submit(_call(nodes[0]))]
+        until(lambda: sizes == [1])  # alone, at once: far sooner than the 60 s it would wait
+        calls += [writer.submit(_call(n)) for n in nodes[1:5]]  # queued while the first is written
+        gate.release()
+        until(lambda: sizes == [1, 4])
+        calls.append(writer.submit(_call(nodes[5])))
+        gate.release()
+        until(writer._queue.empty)  # the writer took it, and waits for three more
+        calls += [writer.submit(_call(n)) for n in nodes[6:9]]
+        until(lambda: len(sizes) == 3)
+        gate.release()
+        assert sizes == [1, 4, 4]
+    finally:
+        for _ in range(3):
+            gate.release()
+        writer.stop()
+    assert all(f.result(timeout=30) is None for f in calls)  # nothing placed on them: answered, empty

@@ -5,7 +5,11 @@ commit — a disk flush each on PostgreSQL, and on SQLite its single write lock 
 three quarters of a lease request's time went to waiting on the database). One writer thread per kind
 per replica now takes whatever is queued (up to ``max_batch``), writes it with one statement per kind of
 row and commits once. Nothing acknowledged is lost on a crash: a caller hears back only after its call
-is committed. Batches wait for nothing but the previous commit, so a lone call is written at once.
+is committed. A lone call is written at once. Under load a batch waits, at most ``linger_s`` (5 ms), for
+as many calls as the batch before: its callers ask again as soon as they hear back, and a batch costs
+about the same whatever its size. Without the wait, 1,000 nodes asking for leases over 32 connections
+(PostgreSQL) were granted in batches of 26 and 6 by turns (15.4 on average), each costing a whole batch;
+with it, 25 on average, and 9% to 57% more grants per second in three interleaved pairs of runs.
 
 A call may come with a check to pass before it is written (the fast path's signature check). Checks run
 on their own threads, while the writer writes the batch before: an Ed25519 verification is about 0.1 ms
@@ -19,6 +23,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Annotated, Generic, TypeVar
@@ -46,11 +51,18 @@ class GroupCommit(Generic[Call, Answer]):
     name = "group-commit"
 
     def __init__(
-        self, ctx: CoordinatorContext, metrics: CoordinatorMetrics, *, max_batch: int = 512, checkers: int = 2
+        self,
+        ctx: CoordinatorContext,
+        metrics: CoordinatorMetrics,
+        *,
+        max_batch: int = 512,
+        checkers: int = 2,
+        linger_s: float = 0.005,
     ):
         self.ctx = ctx
         self.metrics = metrics
         self.max_batch = max_batch
+        self.linger_s = linger_s
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._checking: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
@@ -92,20 +104,26 @@ class GroupCommit(Generic[Call, Answer]):
         raise NotImplementedError
 
     def _run(self) -> None:
+        last = 0  # the size of the batch before
         while True:
             first = self._queue.get()
             if first is _STOP:
                 return
             batch = [first]
+            # Up to as many as the batch before, waiting at most ``linger_s``: the callers it answered ask
+            # again at once, and a batch costs about the same whatever its size. A lone call waits for none.
+            until = time.monotonic() + self.linger_s
             while len(batch) < self.max_batch:
+                wait = until - time.monotonic() if len(batch) < last else 0
                 try:
-                    item = self._queue.get_nowait()
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is _STOP:
                     self._queue.put(_STOP)
                     break
                 batch.append(item)
+            last = len(batch)
             self._commit(batch)
 
     def _check(self) -> None:

@@ -9,7 +9,7 @@ is committed. A lone call is written at once. Under load a batch waits, at most 
 as many calls as the batch before: its callers ask again as soon as they hear back, and a batch costs
 about the same whatever its size. Without the wait, 1,000 nodes asking for leases over 32 connections
 (PostgreSQL) were granted in batches of 26 and 6 by turns (15.4 on average), each costing a whole batch;
-with it, 25 on average, and 9% to 57% more grants per second in three interleaved pairs of runs.
+with it, 25 on average, and 5% to 57% more grants per second in seven interleaved pairs of runs.
 
 A call may come with a check to pass before it is written (the fast path's signature check). Checks run
 on their own threads, while the writer writes the batch before: an Ed25519 verification is about 0.1 ms

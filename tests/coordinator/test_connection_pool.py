@@ -23,7 +23,6 @@ def _terminate(server_url: str, pid: int) -> None:
 @pytest.fixture
 def engine(postgres_database):
     engine = db.make_engine(postgres_database)
-    engine.pool.dispose()
     yield engine
     engine.dispose()
 

@@ -84,18 +84,18 @@ def spent(session: Session, job: Job, now: float) -> int:
 
 def metered(session: Session, job_ids: Collection[str], now: float) -> dict[str, int]:
     """Each job's leases' cost so far: the ended ones' as set when they ended, summed by the database, and
-    the live ones' up to now. The reaper asks it of every open job each pass: loading every lease each
-    job ever had took it a third as long as the lease writer's work, in a storm of lease requests (py-spy)."""
+    the live ones' up to now. The reaper asks it of every open job each pass: when it loaded every lease
+    each job ever had, py-spy sampled it a third as often as the lease writer in a storm of lease requests."""
     costs = dict.fromkeys(job_ids, 0)
     ended = (
         select(Lease.job_id, func.sum(Lease.cost_micro))
-        .where(Lease.job_id.in_(costs), Lease.state != "active")
+        .where(Lease.job_id.in_(list(costs)), Lease.state != "active")
         .group_by(Lease.job_id)
     )
     for job_id, cost in session.execute(ended):
         costs[job_id] += int(cost)  # PostgreSQL sums a bigint as a numeric
     live = select(Lease.job_id, Lease.granted_at, Lease.expires_at, Lease.ended_at, Lease.price_micro).where(
-        Lease.job_id.in_(costs), Lease.state == "active"
+        Lease.job_id.in_(list(costs)), Lease.state == "active"
     )
     for lease in session.execute(live):
         costs[lease.job_id] += leases.metered_cost(lease, now)

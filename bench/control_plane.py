@@ -18,6 +18,12 @@ Per backend:
   (``registry.record_beats``, in batches as the coordinator's heartbeat writer commits them);
 - ``leases_per_s``: lease grants per second over HTTP, every node asking at once for the task placed on
   it; ``double_assignments`` counts tasks or nodes holding more than one live lease afterwards (must be 0);
+- ``cpu_heartbeats``, ``cpu_heartbeats_2_replicas``, ``cpu_leases``: for each HTTP phase, the CPU
+  milliseconds per answered call spent by each part of the machine (the coordinators, the load
+  processes, the PostgreSQL server if it runs here; Linux, read from /proc) and ``cores_busy``, the cores
+  they kept busy together: below the machine's cores, something other than CPU held the phase back;
+- ``replica_speedup_ceiling``: the most two replicas could give on this machine, if every core were busy
+  at one replica's CPU cost per heartbeat (theirs, the load's and the database's), over one replica's rate;
 - ``match_p50_ms_10k`` … ``match_p99_ms_100k``: placing a job's workers (random requirements, a tenth
   of the nodes busy) among 10,000 and 100,000 offers through ``market.index.OfferIndex``;
   ``linear_p50_ms_*`` the first ``--scans`` of the same queries by the linear scan
@@ -34,6 +40,7 @@ import asyncio
 import gc
 import json
 import multiprocessing
+import os
 import random
 import secrets
 import statistics
@@ -43,9 +50,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, make_url, select, text
 
 from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client, NodeClient
@@ -111,10 +119,16 @@ def _load_process(
 ):
     async def main():
         shares = [keys[i::conns] for i in range(conns)]
-        calls = (_connection(url, s, path, body, start_at, until, once) for s in shares if s)
-        return await asyncio.gather(*calls)
+        calls = [
+            asyncio.ensure_future(_connection(url, s, path, body, start_at, until, once)) for s in shares if s
+        ]
+        await asyncio.sleep(max(0.0, start_at - time.time()))  # the connections open meanwhile
+        began = time.process_time()
+        answers = await asyncio.gather(*calls)
+        return answers, time.process_time() - began
 
-    out.put(_merged(asyncio.run(main())))
+    answers, cpu_s = asyncio.run(main())
+    out.put((*_merged(answers), cpu_s))
 
 
 def _merged(results: list[tuple[dict[int, int], list[float]]]) -> tuple[dict[int, int], list[float]]:
@@ -128,6 +142,30 @@ def _merged(results: list[tuple[dict[int, int], list[float]]]) -> tuple[dict[int
     return statuses, latencies
 
 
+@dataclass
+class Load:
+    """What a load run saw: answers by status, latencies, seconds from the start to the last answer, and
+    the CPU seconds each part of the machine spent meanwhile (the load processes, the coordinators, the
+    database server if it runs here)."""
+
+    statuses: dict[int, int]
+    latencies: list[float]
+    wall: float
+    cpu_s: dict[str, float]
+
+    def rate(self) -> float:
+        return round(self.statuses.get(200, 0) / self.wall, 1)
+
+    def cpu(self) -> dict:
+        """CPU milliseconds per answered call, by part, and the cores they kept busy together."""
+        answered = max(1, self.statuses.get(200, 0))
+        per_call = {part: round(1000 * s / answered, 3) for part, s in self.cpu_s.items()}
+        return {"ms_per_call": per_call, "cores_busy": round(sum(self.cpu_s.values()) / self.wall, 2)}
+
+    def errors(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status != 200)
+
+
 def load(
     urls: list[str],
     keys: list[NodeKey],
@@ -137,11 +175,11 @@ def load(
     seconds: float,
     procs: int,
     conns: int,
+    watch: dict[str, list[int]],
     once: bool = False,
-) -> tuple[dict[int, int], list[float], float]:
+) -> Load:
     """Run ``procs`` load processes (spread over ``urls``); each node's requests are sent by one of them.
-
-    Returns the status counts, the latencies and the wall time from start to the last answer."""
+    ``watch`` names the processes (by part) whose CPU time is counted while the load runs."""
     raw = [k.private_key.private_bytes_raw() for k in keys]
     out: multiprocessing.Queue = multiprocessing.Queue()
     start_at = time.time() + 1.0  # every process is up before the clock starts
@@ -164,12 +202,43 @@ def load(
     ]
     for w in workers:
         w.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    before = {part: _cpu_s(pids) for part, pids in watch.items()}
     results = [out.get() for _ in workers]
     wall = time.time() - start_at
+    cpu_s = {part: _cpu_s(pids) - before[part] for part, pids in watch.items()}
     for w in workers:
         w.join()
-    statuses, latencies = _merged(results)
-    return statuses, latencies, min(wall, seconds) if not once else wall
+    statuses, latencies = _merged([(counts, lat) for counts, lat, _ in results])
+    cpu_s["load"] = sum(cpu for _, _, cpu in results)
+    return Load(statuses, latencies, min(wall, seconds) if not once else wall, cpu_s)
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user and system, every thread) the processes have used so far; Linux (/proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone, or no /proc here
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _database_pids(database_url: str) -> list[int]:
+    """The PostgreSQL server's processes, if it runs on this machine (they share its cores); else none."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "postgresql" or url.host not in (None, "127.0.0.1", "localhost", "::1"):
+        return []
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if (entry / "cmdline").read_bytes().startswith(b"postgres"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
 
 
 # -- the network under test -----------------------------------------------------------------------------
@@ -212,16 +281,18 @@ def register(url: str, keys: list[NodeKey], cores: int) -> None:
         t.join()
 
 
-def _rate(statuses: dict[int, int], seconds: float) -> float:
-    return round(statuses.get(200, 0) / seconds, 1)
-
-
-def heartbeats(urls: list[str], keys: list[NodeKey], args) -> tuple[float, dict[int, int]]:
+def heartbeats(urls: list[str], keys: list[NodeKey], args, watch: dict[str, list[int]]) -> Load:
     body = json.dumps({"leases": []}).encode()
-    statuses, _, wall = load(
-        urls, keys, HEARTBEAT, body, seconds=args.seconds, procs=args.load_procs, conns=args.concurrency
+    return load(
+        urls,
+        keys,
+        HEARTBEAT,
+        body,
+        seconds=args.seconds,
+        procs=args.load_procs,
+        conns=args.concurrency,
+        watch=watch,
     )
-    return _rate(statuses, wall), statuses
 
 
 def storage_heartbeats(url: str, keys: list[NodeKey], seconds: float, batch: int = 256) -> float:
@@ -243,8 +314,8 @@ def storage_heartbeats(url: str, keys: list[NodeKey], seconds: float, batch: int
 
 
 def leases(
-    url: str, database_url: str, keys: list[NodeKey], cores: int, args
-) -> tuple[float, int, dict[int, int]]:
+    url: str, database_url: str, keys: list[NodeKey], cores: int, args, watch: dict[str, list[int]]
+) -> tuple[Load, int]:
     """Jobs for every node, placed by the reaper; then every node asks for its task at once."""
     consumer = Client(url)
     token = consumer.create_account("bench").token
@@ -262,8 +333,16 @@ def leases(
     while not all(consumer.job(j).state == "scheduled" for j in jobs):
         assert time.time() < deadline, "the jobs were not placed within 2 minutes"
         time.sleep(0.5)
-    statuses, _, wall = load(
-        [url], keys, LEASE, b"", seconds=120, procs=args.load_procs, conns=args.concurrency, once=True
+    storm = load(
+        [url],
+        keys,
+        LEASE,
+        b"",
+        seconds=120,
+        procs=args.load_procs,
+        conns=args.concurrency,
+        watch=watch,
+        once=True,
     )
     engine = make_engine(database_url)
     with make_sessionmaker(engine)() as s:
@@ -271,7 +350,7 @@ def leases(
         rows = s.execute(live).all()
         double = (len(rows) - len({r.task_id for r in rows})) + (len(rows) - len({r.node_id for r in rows}))
     engine.dispose()
-    return _rate(statuses, wall), double, statuses
+    return storm, double
 
 
 def matching(sizes: list[int], queries: int, scans: int, seed: int = 0) -> dict[str, float]:
@@ -348,21 +427,30 @@ def run_backend(backend: str, args) -> dict:
         with LocalNetwork(Path(tmp) / "net", database_url=url, settings=settings) as net:
             first = net.start_coordinator()
             register(first, keys, cores)
-            result["heartbeats_per_s"], statuses = heartbeats([first], keys, args)
+            watch = {"coordinators": [net.coordinator.pid], "database": _database_pids(url)}
+            one = heartbeats([first], keys, args, watch)
+            result["heartbeats_per_s"], result["cpu_heartbeats"] = one.rate(), one.cpu()
+            runs = [one]
             if backend == "postgresql":
                 second = net.start_replica()
-                result["heartbeats_per_s_2_replicas"], more = heartbeats([first, second], keys, args)
-                result["replica_speedup"] = round(
-                    result["heartbeats_per_s_2_replicas"] / result["heartbeats_per_s"], 2
+                watch["coordinators"] = [net.coordinator.pid, *(p.pid for p in net.replicas.values())]
+                two = heartbeats([first, second], keys, args, watch)
+                result["heartbeats_per_s_2_replicas"], result["cpu_heartbeats_2_replicas"] = (
+                    two.rate(),
+                    two.cpu(),
                 )
-                statuses = {k: statuses.get(k, 0) + more.get(k, 0) for k in {*statuses, *more}}
-            result["http_errors"] = sum(v for k, v in statuses.items() if k != 200)
-            result["leases_per_s"], result["double_assignments"], lease_statuses = leases(
-                first, url, keys, cores, args
-            )
-            result["lease_errors"] = sum(v for k, v in lease_statuses.items() if k != 200)
+                result["replica_speedup"] = round(two.rate() / one.rate(), 2)
+                # if every core were busy at one replica's CPU cost per heartbeat (load and database included)
+                busy_s_per_beat = sum(one.cpu_s.values()) / max(1, one.statuses.get(200, 0))
+                result["replica_speedup_ceiling"] = round(os.cpu_count() / busy_s_per_beat / one.rate(), 2)
+                runs.append(two)
+            result["http_errors"] = sum(run.errors() for run in runs)
+            storm, result["double_assignments"] = leases(first, url, keys, cores, args, watch)
+            result["leases_per_s"], result["cpu_leases"] = storm.rate(), storm.cpu()
+            result["lease_errors"] = storm.errors()
             if result["lease_errors"] or result["http_errors"]:
-                print(f"heartbeats: {statuses}, leases: {lease_statuses}", file=sys.stderr)
+                statuses = [run.statuses for run in runs]
+                print(f"heartbeats: {statuses}, leases: {storm.statuses}", file=sys.stderr)
         result["storage_heartbeats_per_s"] = storage_heartbeats(url, keys, args.seconds)
     result.update(matching([10_000, 100_000], args.queries, args.scans))
     result["backend"] = backend

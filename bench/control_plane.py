@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -98,20 +99,15 @@ async def _connection(
     reader, writer = await asyncio.open_connection(address, int(port))
     nodes = [NodeKey.from_hex(k.hex()) for k in keys]
     await asyncio.sleep(max(0.0, start_at - time.time()))  # every connection starts with the clock
-    statuses: dict[int, int] = {}
-    latencies = []
+    statuses: Counter[int] = Counter()
     i = 0
     while nodes and time.time() < until:
-        key = nodes[i % len(nodes)]
-        started = time.perf_counter()
-        status = await _call(reader, writer, host, key, path, body)
-        latencies.append(time.perf_counter() - started)
-        statuses[status] = statuses.get(status, 0) + 1
+        statuses[await _call(reader, writer, host, nodes[i % len(nodes)], path, body)] += 1
         i += 1
         if once and i == len(nodes):
             break
     writer.close()
-    return statuses, latencies
+    return statuses
 
 
 def _load_process(
@@ -128,28 +124,16 @@ def _load_process(
         return answers, time.process_time() - began
 
     answers, cpu_s = asyncio.run(main())
-    out.put((*_merged(answers), cpu_s))
-
-
-def _merged(results: list[tuple[dict[int, int], list[float]]]) -> tuple[dict[int, int], list[float]]:
-    """Status counts added up and latencies joined, over connections or load processes."""
-    statuses: dict[int, int] = {}
-    latencies: list[float] = []
-    for counts, lat in results:
-        for k, v in counts.items():
-            statuses[k] = statuses.get(k, 0) + v
-        latencies += lat
-    return statuses, latencies
+    out.put((sum(answers, Counter()), cpu_s))
 
 
 @dataclass
 class Load:
-    """What a load run saw: answers by status, latencies, seconds from the start to the last answer, and
+    """What a load run saw: answers by status, seconds from the start to the last answer, and
     the CPU seconds each part of the machine spent meanwhile (the load processes, the coordinators, the
     database server if it runs here)."""
 
-    statuses: dict[int, int]
-    latencies: list[float]
+    statuses: Counter[int]
     wall: float
     cpu_s: dict[str, float]
 
@@ -209,9 +193,9 @@ def load(
     cpu_s = {part: _cpu_s(pids) - before[part] for part, pids in watch.items()}
     for w in workers:
         w.join()
-    statuses, latencies = _merged([(counts, lat) for counts, lat, _ in results])
-    cpu_s["load"] = sum(cpu for _, _, cpu in results)
-    return Load(statuses, latencies, min(wall, seconds) if not once else wall, cpu_s)
+    cpu_s["load"] = sum(cpu for _, cpu in results)
+    statuses = sum((counts for counts, _ in results), Counter())
+    return Load(statuses, min(wall, seconds) if not once else wall, cpu_s)
 
 
 def _cpu_s(pids: list[int]) -> float:

@@ -137,13 +137,20 @@ class Load:
     wall: float
     cpu_s: dict[str, float]
 
+    @property
+    def answered(self) -> int:
+        return self.statuses[200]
+
     def rate(self) -> float:
-        return round(self.statuses.get(200, 0) / self.wall, 1)
+        return round(self.answered / self.wall, 1)
+
+    def cpu_s_per_call(self) -> float:
+        """CPU seconds per answered call, every part together."""
+        return sum(self.cpu_s.values()) / max(1, self.answered)
 
     def cpu(self) -> dict:
         """CPU milliseconds per answered call, by part, and the cores they kept busy together."""
-        answered = max(1, self.statuses.get(200, 0))
-        per_call = {part: round(1000 * s / answered, 3) for part, s in self.cpu_s.items()}
+        per_call = {part: round(1000 * s / max(1, self.answered), 3) for part, s in self.cpu_s.items()}
         return {"ms_per_call": per_call, "cores_busy": round(sum(self.cpu_s.values()) / self.wall, 2)}
 
     def errors(self) -> int:
@@ -411,7 +418,9 @@ def run_backend(backend: str, args) -> dict:
         with LocalNetwork(Path(tmp) / "net", database_url=url, settings=settings) as net:
             first = net.start_coordinator()
             register(first, keys, cores)
-            watch = {"coordinators": [net.coordinator.pid], "database": _database_pids(url)}
+            watch = {"coordinators": [net.coordinator.pid]}
+            if database_pids := _database_pids(url):  # SQLite's work is the coordinators' own
+                watch["database"] = database_pids
             one = heartbeats([first], keys, args, watch)
             result["heartbeats_per_s"], result["cpu_heartbeats"] = one.rate(), one.cpu()
             runs = [one]
@@ -425,8 +434,8 @@ def run_backend(backend: str, args) -> dict:
                 )
                 result["replica_speedup"] = round(two.rate() / one.rate(), 2)
                 # if every core were busy at one replica's CPU cost per heartbeat (load and database included)
-                busy_s_per_beat = sum(one.cpu_s.values()) / max(1, one.statuses.get(200, 0))
-                result["replica_speedup_ceiling"] = round(os.cpu_count() / busy_s_per_beat / one.rate(), 2)
+                ceiling = os.cpu_count() / one.cpu_s_per_call() / one.rate()
+                result["replica_speedup_ceiling"] = round(ceiling, 2)
                 runs.append(two)
             result["http_errors"] = sum(run.errors() for run in runs)
             storm, result["double_assignments"] = leases(first, url, keys, cores, args, watch)

@@ -2,10 +2,15 @@
 
 import re
 
+import pytest
+from sqlalchemy import text
+
 from gpuflex.auth.signing import node_id_for
 from gpuflex.coordinator.app import reap_once
+from gpuflex.coordinator.services import market
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
+from gpuflex.testing import scratch_postgres_database
 
 from .conftest import running_coordinator
 
@@ -113,3 +118,18 @@ def test_lease_requests_run_a_placement_pass_at_most_once_per_interval(database_
         reap_once(coordinator.ctx)  # the reaper's pass places the new job
         assert any(node.lease() is not None for node in nodes.values())
         assert all(t.node_id is not None for t in alice.job(second.id).tasks)
+
+
+@pytest.mark.parametrize(("analyze_after", "analyzed"), [(3, True), (4, False)])
+def test_a_pass_that_places_many_tasks_refreshes_postgresql_statistics_of_them(
+    postgres_server, tmp_path, monkeypatch, analyze_after, analyzed
+):
+    """Until the planner has seen the placed tasks, every lease batch scans all pending tasks."""
+    monkeypatch.setattr(market, "ANALYZE_AFTER_PLACING", analyze_after)
+    with scratch_postgres_database(postgres_server) as url, running_coordinator(url, tmp_path) as coordinator:
+        alice, nodes, job = _network(coordinator)  # an aggregator and two workers to place
+        reap_once(coordinator.ctx)
+        assert all(name for name, _ in _placed(alice, job, nodes).values())
+        with coordinator.ctx.read() as s:  # -1: never analyzed
+            tuples = s.scalar(text("SELECT reltuples FROM pg_class WHERE relname = 'tasks'"))
+        assert tuples == (3 if analyzed else -1)

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, Verdict, try_lock
+from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, Verdict, refresh_statistics, try_lock
 from gpuflex.coordinator.services import governance, ledger, liveness, registry
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.ledger import accounts
@@ -188,7 +188,17 @@ def place_pending(session: Session, settings: CoordinatorSettings, now: float) -
         spec = JobSpec.model_validate(job.spec)
         core_already, barred_here = on_core.get(job_id, 0), barred.get(job_id, set())
         placed += _place_job_tasks(session, job, spec, tasks, index, busy, barred_here, core_already, now)
+    if placed >= ANALYZE_AFTER_PLACING:
+        refresh_statistics(session, Task)
     return placed
+
+
+# A pass that places this many tasks refreshes the planner's statistics of ``tasks``. Until autovacuum
+# does, PostgreSQL believes pending tasks are as rare as they were (on a new table it guesses so), and a
+# lease batch's read and claim of the tasks placed on its nodes scan every pending task through the state
+# index (EXPLAIN: 2,975 of 3,000 rows read and dropped). In storms of 3,000 nodes the claim took 1.46-1.61
+# ms a batch on the server (its statement log), 0.67-0.79 ms with this.
+ANALYZE_AFTER_PLACING = 500
 
 
 def _place_job_tasks(

@@ -7,20 +7,24 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from gpuflex.coordinator.db import Lease, Task
 from gpuflex.coordinator.groupcommit import LeaseGranter
 from gpuflex.coordinator.metrics import CoordinatorMetrics
+from gpuflex.coordinator.services import specs
 from gpuflex.coordinator.services.registry import Call
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol.spec import JobSpec
 
 
+def _spec(workers: int) -> dict:
+    return {"name": "t", "resources": {"workers": workers}, "budget": 1.0, "max_price_per_hour": 0.5}
+
+
 def _job(coordinator, workers: int):
     alice = coordinator.consumer("alice", deposit=10)
-    spec = {"name": "t", "resources": {"workers": workers}, "budget": 1.0, "max_price_per_hour": 0.5}
-    return alice.submit(JobSpec.model_validate(spec), alice.upload(b"corpus " * 2000))
+    return alice.submit(JobSpec.model_validate(_spec(workers)), alice.upload(b"corpus " * 2000))
 
 
 def _call(node) -> Call:
@@ -58,6 +62,39 @@ def test_a_batch_of_lease_requests_gives_each_node_its_own_task_and_refuses_each
         )
         assert set(s.scalars(select(Task.state))) == {"leased"}
     assert nodes[1].lease() is None  # one lease per node
+
+
+def test_a_batch_reads_a_jobs_spec_only_if_this_process_has_not_parsed_it(coordinator, monkeypatch):
+    """A job's spec never changes: a replica parses it once, not in every lease batch."""
+    nodes = [coordinator.node("core", core=True, price=0.4)]
+    nodes += [coordinator.node(f"c{i}", price=0.1) for i in range(3)]
+    job = _job(coordinator, workers=3)
+    writer = LeaseGranter(coordinator.ctx, CoordinatorMetrics(coordinator.ctx))
+    statements: list[str] = []
+
+    def batch(asking) -> list:
+        statements.clear()
+        with coordinator.ctx.tx() as s:
+            return writer.write(s, [_call(n) for n in asking])
+
+    def record(_conn, _cursor, statement, *_):
+        statements.append(statement)
+
+    assert batch(nodes[:1])[0].role == "aggregator"  # this one places the job's tasks
+    monkeypatch.setattr(specs, "SPECS", specs.SpecCache())  # as a replica that never saw the job
+    event.listen(coordinator.ctx.engine, "before_cursor_execute", record)
+    try:
+        unseen = batch(nodes[1:3])
+        reads_unseen = [s for s in statements if "jobs.spec" in s]
+        seen = batch(nodes[3:])
+        reads_seen = [s for s in statements if "jobs.spec" in s]
+    finally:
+        event.remove(coordinator.ctx.engine, "before_cursor_execute", record)
+
+    assert len(reads_unseen) == 1 and reads_seen == []
+    assert {g.job_id for g in unseen + seen} == {job.id}
+    training = JobSpec.model_validate(_spec(workers=3)).training
+    assert all(g.task.num_workers == 3 and g.task.training == training for g in unseen + seen)
 
 
 def test_nodes_asking_at_once_over_http_each_get_one_task_and_no_task_is_leased_twice(coordinator):

@@ -14,14 +14,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import leases, ledger, verification
+from gpuflex.coordinator.services import leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.errors import BadRequest, Conflict, NotFound
 from gpuflex.ledger import accounts
 from gpuflex.ledger.settlement import settle_job
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
-from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage import BlobStore
 
 MAX_TASK_FAILURES = 3
@@ -159,7 +158,7 @@ def enforce_limits(session: Session, now: float, *, fee_bps: int) -> None:
 
 
 def info(session: Session, job: Job, now: float) -> m.JobInfo:
-    spec = JobSpec.model_validate(job.spec)
+    spec = specs.of(job)
     live = session.scalar(
         select(func.count(Lease.id))
         .join(Task, Task.id == Lease.task_id)
@@ -188,7 +187,7 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
     rounds = session.scalars(select(Round).where(Round.job_id == job.id).order_by(Round.round))
     return m.JobDetail(
         **info(session, job, now).model_dump(),
-        spec=JobSpec.model_validate(job.spec),
+        spec=specs.of(job),
         tasks=[
             m.TaskInfo(
                 id=t.id,

@@ -8,14 +8,14 @@ request carrying an older epoch changes nothing and is refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from sqlalchemy import Row, bindparam, exists, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuflex.auth.tokens import new_task_token, token_hash
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, new_id
-from gpuflex.coordinator.services import market
+from gpuflex.coordinator.services import market, specs
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Conflict, Forbidden, NotFound, Unauthorized
 from gpuflex.ledger.metering import lease_cost_micro
@@ -31,9 +31,9 @@ def metered_cost(lease: Lease, now: float) -> int:
     return lease_cost_micro(max(0.0, until - lease.granted_at), lease.price_micro)
 
 
-def _price_micro(job: Row, task: Row, node: Row) -> int:
+def _price_micro(task: Row, node: Row) -> int:
     """What a lease is metered at: the node's own price, or its job's auction clearing price for a worker."""
-    return lease_price(task.role, node.price_micro, job.clearing_price_micro)
+    return lease_price(task.role, node.price_micro, task.clearing_price_micro)
 
 
 def _event(session: Session, job_id: str, now: float, message: str) -> None:
@@ -71,17 +71,17 @@ def grant(
         placed |= _placed_on(session, idle)
     epochs = _claim(session, list(placed.values()))  # another replica may have taken some first
     claimed = {node_id: task for node_id, task in placed.items() if task.id in epochs}
-    jobs = _open_jobs(session, {task.job_id for task in claimed.values()})
+    job_specs = _start_jobs(session, claimed.values())
     expires_at = lease_expires_at(now, rules.lease_ttl_s(settings.lease_ttl_s))
     grants, rows, events = {}, [], []
     for node in asking:
         if (task := claimed.get(node.id)) is not None:
-            job, spec = jobs[task.job_id]
-            lease, grant = _lease(node, task, epochs[task.id], job, spec, now, expires_at)
+            spec = job_specs[task.job_id]
+            lease, grant = _lease(node, task, epochs[task.id], spec, now, expires_at)
             grants[node.id] = grant
             rows.append(lease)
             message = f"{task.role} {task.index} leased to {node.name} ({node.id}), epoch {grant.epoch}"
-            events.append({"job_id": job.id, "at": now, "message": message})
+            events.append({"job_id": task.job_id, "at": now, "message": message})
     if rows:  # Core bulk inserts: no ORM bookkeeping per row
         session.connection().execute(_INSERT_LEASES, rows)
         session.connection().execute(_INSERT_EVENTS, events)
@@ -92,9 +92,9 @@ _INSERT_LEASES, _INSERT_EVENTS = insert(Lease.__table__), insert(JobEvent.__tabl
 
 
 def _placed_on(session: Session, node_ids: Sequence[str]) -> dict[str, Row]:
-    """The task placed on each of ``node_ids`` that holds no lease, not yet leased, locked (PostgreSQL:
-    ``SKIP LOCKED``, so a grant never queues behind another replica's grant of the same task; it finds
-    nothing)."""
+    """The task placed on each of ``node_ids`` that holds no lease, not yet leased, with what a grant
+    needs of its job; the task locked (PostgreSQL: ``SKIP LOCKED``, so a grant never queues behind another
+    replica's grant of the same task; it finds nothing)."""
     if not node_ids:
         return {}
     placed: dict[str, Row] = {}
@@ -103,13 +103,17 @@ def _placed_on(session: Session, node_ids: Sequence[str]) -> dict[str, Row]:
     return placed
 
 
-# rows, not ORM objects: the batch only reads them
+# Rows, not ORM objects: the batch only reads them. The job's columns come along (a statement fewer per
+# batch); its spec, which never changes, from ``specs``. ORM-enabled: the session flushes what it holds
+# first (a job a placement pass just scheduled, its auction's clearing price).
 _PLACED = (
     select(Task.id, Task.job_id, Task.role, Task.index, Task.epoch, Task.node_id)
+    .add_columns(Job.state.label("job_state"), Job.dataset, Job.recipe_code, Job.clearing_price_micro)
+    .join(Job, Job.id == Task.job_id)
     .where(Task.node_id.in_(bindparam("nodes", expanding=True)), Task.state == "pending")
     .where(~exists().where(Lease.node_id == Task.node_id, Lease.state == "active"))
     .order_by(Task.node_id, Task.role)
-    .with_for_update(skip_locked=True)
+    .with_for_update(of=Task, skip_locked=True)
 )
 
 
@@ -132,30 +136,32 @@ def _claim(session: Session, tasks: Sequence[Row]) -> dict[str, int]:
     return dict(session.connection().execute(_CLAIM, {"as_read": as_read}).all())
 
 
-def _open_jobs(session: Session, job_ids: set[str]) -> dict[str, tuple[Row, JobSpec]]:
-    """The jobs of the tasks being leased, with their specs parsed once; each now runs."""
-    jobs = list(session.execute(_OPEN_JOBS, {"jobs": sorted(job_ids)}))
-    if starting := [job.id for job in jobs if job.state in ("pending", "scheduled")]:
+def _start_jobs(session: Session, tasks: Iterable[Row]) -> dict[str, JobSpec]:
+    """The specs of the jobs of the tasks being leased (read only for a job this process has not seen);
+    each job now runs."""
+    states = {task.job_id: task.job_state for task in tasks}
+    if starting := sorted(job for job, state in states.items() if state in ("pending", "scheduled")):
         session.execute(_RUN, {"jobs": starting})
-    return {job.id: (job, JobSpec.model_validate(job.spec)) for job in jobs}
+    found = {job_id: spec for job_id in states if (spec := specs.SPECS.get(job_id)) is not None}
+    if unseen := sorted(states.keys() - found.keys()):
+        found |= {job.id: specs.of(job) for job in session.execute(_SPECS, {"jobs": unseen})}
+    return found
 
 
-# ORM-enabled statements: the session flushes what it holds first (a job a placement pass just scheduled)
-_OPEN_JOBS = select(
-    Job.id, Job.state, Job.dataset, Job.recipe_code, Job.clearing_price_micro, Job.spec
-).where(Job.id.in_(bindparam("jobs", expanding=True)))
 _RUN = update(Job).where(Job.id.in_(bindparam("jobs", expanding=True))).values(state="running")
+_SPECS = select(Job.id, Job.spec).where(Job.id.in_(bindparam("jobs", expanding=True)))
 
 
 def _lease(
-    node: Row, task: Row, epoch: int, job: Row, spec: JobSpec, now: float, expires_at: float
+    node: Row, task: Row, epoch: int, spec: JobSpec, now: float, expires_at: float
 ) -> tuple[dict, LeaseGrant]:
-    """The row of a claimed task's lease, and its grant with the task token only its holder learns."""
+    """The row of a claimed task's lease (``task`` a row of ``_PLACED``), and its grant with the task token
+    only its holder learns."""
     token = new_task_token()
     lease = {
         "id": new_id("l"),
         "task_id": task.id,
-        "job_id": job.id,
+        "job_id": task.job_id,
         "node_id": node.id,
         "epoch": epoch,
         "token_hash": token_hash(token),
@@ -163,23 +169,23 @@ def _lease(
         "granted_at": now,
         "renewed_at": now,
         "expires_at": expires_at,
-        "price_micro": _price_micro(job, task, node),
+        "price_micro": _price_micro(task, node),
         "cost_micro": 0,
     }
     config = TaskConfig(
-        job_id=job.id,
+        job_id=task.job_id,
         task_id=task.id,
         role=task.role,
         worker_index=task.index,
         num_workers=spec.resources.workers,
         training=spec.training,
-        dataset=job.dataset,
-        recipe_code=job.recipe_code,
+        dataset=task.dataset,
+        recipe_code=task.recipe_code,
     )
     grant = LeaseGrant(
         lease_id=lease["id"],
         task_id=task.id,
-        job_id=job.id,
+        job_id=task.job_id,
         role=task.role,
         epoch=epoch,
         expires_at=expires_at,

@@ -21,7 +21,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, Verdict, refresh_statistics, try_lock
-from gpuflex.coordinator.services import governance, ledger, liveness, registry
+from gpuflex.coordinator.services import governance, ledger, liveness, registry, specs
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.ledger import accounts
 from gpuflex.market import pricing, reputation
@@ -185,7 +185,7 @@ def place_pending(session: Session, settings: CoordinatorSettings, now: float) -
     placed = 0
     for job_id in job_ids:
         job, tasks = jobs[job_id], [t for t in unplaced if t.job_id == job_id]
-        spec = JobSpec.model_validate(job.spec)
+        spec = specs.of(job)
         core_already, barred_here = on_core.get(job_id, 0), barred.get(job_id, set())
         placed += _place_job_tasks(session, job, spec, tasks, index, busy, barred_here, core_already, now)
     if placed >= ANALYZE_AFTER_PLACING:

@@ -11,10 +11,9 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Node, Round, Task
-from gpuflex.coordinator.services import jobs, verification
+from gpuflex.coordinator.services import jobs, specs, verification
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.protocol import messages as m
-from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage import BlobStore
 
 
@@ -90,7 +89,7 @@ def contribute(
         # replacement node's work after the first holder was lost), and replaces what was there.
         session.delete(previous)
         session.flush()
-    rate = JobSpec.model_validate(job.spec).training.verification.audit_rate
+    rate = specs.of(job).training.verification.audit_rate
     segment = verification.draw_audit(rate, msg.commitment)
     session.add(
         Contribution(
@@ -206,7 +205,7 @@ def publish(
     if msg.round != job.round + 1:
         raise Conflict(f"expected round {job.round + 1}, got {msg.round}")
     _check_blobs_exist(blobs, msg.update, msg.checkpoint)
-    last = JobSpec.model_validate(job.spec).training.rounds
+    last = specs.of(job).training.rounds
     if msg.checkpoint is None and msg.round in (0, last):
         raise BadRequest(f"round {msg.round} must carry the full state (checkpoint)")
     if msg.update is None and msg.round > 0:

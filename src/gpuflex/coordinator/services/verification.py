@@ -28,11 +28,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Node, PeerAudit, Task, Verdict
-from gpuflex.coordinator.services import leases, stakes
+from gpuflex.coordinator.services import leases, specs, stakes
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
-from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage import BlobStore
 
 _RATE_RESOLUTION = 1_000_000  # audit_rate is drawn against in millionths
@@ -211,7 +210,7 @@ def _convict(
     session: Session, job: Job, contribution: Contribution, node: Node, verdict: Verdict, now: float
 ) -> None:
     """Discard the contribution, slash and withhold, count the failure, and bar the node from the job."""
-    amount = to_micro(JobSpec.model_validate(job.spec).training.verification.slash)
+    amount = to_micro(specs.of(job).training.verification.slash)
     evidence = f"{verdict.check} verdict on round {verdict.round} of job {job.id}: {verdict.reason}"
     slash = stakes.slash(session, node.id, amount, evidence, now, job_id=job.id)
     verdict.slashed_micro, verdict.withheld_micro = slash.amount_micro, slash.withheld_micro

@@ -1,11 +1,11 @@
 """The ``gpuflex`` command line (Typer + Rich); one module per command group.
 
 - ``main``         the app, its groups, and the one-line error handling
-- ``profile``      where the CLI finds the coordinator URL and the API token
+- ``profile``      where the CLI finds the coordinator URL and the API token: flags, variables, named profiles
 - ``coordinator``  ``coordinator serve | migrate``
 - ``provider``     ``provider start | dashboard``
 - ``node_wallet``  ``provider wallet | stake | unstake | withdraw`` (as the node)
-- ``account``      ``account create``, ``wallet deposit | balance``
+- ``account``      ``account create | use | profiles``, ``whoami``, ``wallet deposit | balance``
 - ``jobs``         ``submit``, ``quote``, ``jobs``, ``job show | logs | cancel | fetch | watch | report``,
                    ``offers``
 - ``watch``        the live Rich view of a running job; ``report`` its PNG loss curve and cost table

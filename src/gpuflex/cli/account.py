@@ -1,4 +1,4 @@
-"""``gpuflex account create`` and ``gpuflex wallet deposit | balance``."""
+"""``gpuflex account create | use | profiles``, ``whoami``, and ``wallet deposit | balance``."""
 
 from typing import Annotated
 
@@ -6,27 +6,88 @@ import typer
 from rich.console import Console
 
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.profile import consumer_client, resolve_url, save_profile
+from gpuflex.cli.output import Json, credits, print_json, table
+from gpuflex.cli.profile import Profiles, Saved, consumer_client, masked, resolve, resolve_url
 from gpuflex.client import Client
 
-account_app = typer.Typer(help="Consumer accounts.", no_args_is_help=True)
+account_app = typer.Typer(
+    help="Consumer accounts and the profiles that keep their tokens.", no_args_is_help=True
+)
 wallet_app = typer.Typer(help="Credits (USD-pegged) in your wallet.", no_args_is_help=True)
 console = Console()
+ProfileName = Annotated[str, typer.Argument(help="a profile's name, as `gpuflex account profiles` lists it")]
 
 
 @account_app.command("create")
 def create(
     name: Annotated[str, typer.Argument(help="account name (letters, digits, . _ @ -)")],
     url: Url = None,
-    save: Annotated[bool, typer.Option(help="save URL and token to the profile file")] = True,
+    save: Annotated[bool, typer.Option(help="save URL and token as profile NAME")] = True,
+    force: Annotated[
+        bool, typer.Option("--force", help="replace a saved profile NAME (its token is lost)")
+    ] = False,
 ) -> None:
-    """Create an account and print its API token (shown once)."""
+    """Create an account, print its API token (shown once) and save it as profile NAME."""
     url = resolve_url(url)
+    profiles = Profiles.load(unreadable_ok=force) if save else None
+    if profiles is not None and not force:
+        profiles.check_free(name)  # before the account exists, not after
     created = Client(url).create_account(name)
     console.print(f"account [bold]{created.name}[/] ({created.account_id})")
     console.print(f"token: [bold]{created.token}[/]")
-    if save:
-        console.print(f"saved to {save_profile(url, created.token)}")
+    if profiles is None:
+        return
+    profiles.add(name, Saved(url=url, token=created.token))
+    profiles.save()
+    if profiles.default == name:
+        how = "the default one: commands use it unless --profile or GPUFLEX_PROFILE name another"
+    else:
+        how = (
+            f"use it with `gpuflex --profile {name} COMMAND` (or GPUFLEX_PROFILE={name}), "
+            f"or make it the default with `gpuflex account use {name}`"
+        )
+    console.print(f"saved as profile [bold]{name}[/] in {profiles.path}; {how}", highlight=False)
+
+
+@account_app.command("use")
+def use(name: ProfileName) -> None:
+    """Make a saved profile the default one."""
+    profiles = Profiles.load()
+    profiles.use(name)
+    profiles.save()
+    console.print(f"default profile: [bold]{name}[/] ({profiles.saved[name].url})", highlight=False)
+
+
+@account_app.command("profiles")
+def list_profiles(as_json: Json = False) -> None:
+    """The saved profiles, the default marked with *; tokens are shown in part only."""
+    profiles = Profiles.load()
+    rows = [
+        {"profile": name, "default": name == profiles.default, "url": p.url, "token": masked(p.token)}
+        for name, p in sorted(profiles.saved.items())
+    ]
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        console.print(f"no profiles in {profiles.path}: run `gpuflex account create NAME`", highlight=False)
+        return
+    shown = table("", "profile", "url", "token", ids=["profile", "token"], title=str(profiles.path))
+    for row in rows:
+        shown.add_row("*" if row["default"] else "", row["profile"], row["url"], row["token"])
+    console.print(shown)
+
+
+def whoami(url: Url = None, token: Token = None) -> None:
+    """Who the CLI acts as: the account, the coordinator, the profile they came from, and the balance."""
+    target = resolve(url, token)
+    me = target.client().me()
+    profile = f"{target.profile} ({target.why})" if target.profile else "none (--token / GPUFLEX_TOKEN)"
+    console.print(
+        f"account: [bold]{me.name}[/] ({me.account_id})\ncoordinator: {target.url}\nprofile: {profile}\n"
+        f"balance: {credits(me.balance)} credits",
+        highlight=False,
+    )
 
 
 @wallet_app.command("deposit")

@@ -17,10 +17,12 @@ from gpuflex.cli import (
     ledger,
     node_wallet,
     operator,
+    profile,
     provider,
     sim,
     train,
 )
+from gpuflex.cli.options import Profile
 from gpuflex.errors import GPUFlexError
 
 app = typer.Typer(
@@ -29,6 +31,14 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _options(profile_name: Profile = None) -> None:
+    """Options of ``gpuflex`` itself, before the command: ``--profile`` picks a saved profile."""
+    profile.choose(profile_name)
+
+
 app.command("demo")(demo.demo)
 app.add_typer(coordinator.coordinator_app, name="coordinator")
 for command in (node_wallet.wallet, node_wallet.stake, node_wallet.unstake, node_wallet.withdraw):
@@ -36,6 +46,7 @@ for command in (node_wallet.wallet, node_wallet.stake, node_wallet.unstake, node
 app.add_typer(provider.provider_app, name="provider")
 app.add_typer(account.account_app, name="account")
 app.add_typer(account.wallet_app, name="wallet")
+app.command("whoami")(account.whoami)
 app.command("submit")(jobs.submit)
 app.command("quote")(jobs.quote)
 app.command("jobs")(jobs.list_jobs)

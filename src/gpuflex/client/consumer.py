@@ -24,6 +24,10 @@ class Client:
         body = m.AccountCreate(name=name).model_dump()
         return m.AccountCreated.model_validate(self.http.request("POST", "/v1/accounts", json=body).json())
 
+    def me(self) -> m.AccountInfo:
+        """Whose token this is, and the wallet's balance."""
+        return m.AccountInfo.model_validate(self.http.request("GET", "/v1/accounts/me").json())
+
     def balance(self) -> m.Balance:
         return m.Balance.model_validate(self.http.request("GET", "/v1/wallet").json())
 

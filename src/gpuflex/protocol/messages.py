@@ -73,6 +73,14 @@ class AccountCreated(Message):
     token: str = Field(description="the API token; shown once, store it")
 
 
+class AccountInfo(Message):
+    """Who a token belongs to (``GET /v1/accounts/me``), with the wallet's balance."""
+
+    account_id: str
+    name: str
+    balance: float
+
+
 class Deposit(Message):
     amount: Credits
 

@@ -23,6 +23,14 @@ def create_account(body: m.AccountCreate, ctx: Ctx) -> m.AccountCreated:
     return m.AccountCreated(account_id=account.id, name=account.name, token=token)
 
 
+@router.get("/accounts/me")
+def me(account: Consumer, ctx: Ctx) -> m.AccountInfo:
+    """Who this token belongs to, and the wallet's balance (``gpuflex whoami``)."""
+    with ctx.tx() as s:
+        balance = ledger.balance(s, consumer(account.id))
+    return m.AccountInfo(account_id=account.id, name=account.name, balance=to_credits(balance))
+
+
 @router.get("/wallet")
 def wallet(account: Consumer, ctx: Ctx) -> m.Balance:
     with ctx.tx() as s:

@@ -1,0 +1,143 @@
+"""A new user's first commands, run as processes against a real coordinator: accounts and the profiles
+that keep their tokens, ``whoami``, an empty token. Each test has its own HOME, so the profile file is its
+own."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuflex.client import Client
+from gpuflex.coordinator.app import create_app
+from gpuflex.coordinator.migrate import upgrade
+from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.testing import serve
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory) -> str:
+    data_dir = tmp_path_factory.mktemp("coordinator")
+    database_url = f"sqlite:///{data_dir / 'gpuflex.db'}"
+    upgrade(database_url)
+    settings = CoordinatorSettings(data_dir=data_dir, database_url=database_url, reaper_interval_s=3600)
+    with serve(create_app(settings)) as url:
+        yield url
+
+
+def gpuflex(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuflex", *args],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(home), "COLUMNS": "200", **env},
+        timeout=60,
+    )
+
+
+def ok(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    """The error a command failed with: exit 1 and one line on stderr, never a traceback."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def saved(home: Path) -> dict:
+    return json.loads((home / ".gpuflex" / "client.json").read_text())
+
+
+def test_a_second_account_is_saved_beside_the_first_never_over_it(url, tmp_path):
+    first = ok(gpuflex(tmp_path, "account", "create", "p-alice", "--url", url))
+    assert "saved as profile p-alice" in first and "the default one" in first
+    second = ok(gpuflex(tmp_path, "account", "create", "p-bob", "--url", url))
+    assert "saved as profile p-bob" in second
+    assert "gpuflex --profile p-bob COMMAND" in second and "gpuflex account use p-bob" in second
+    profiles = saved(tmp_path)
+    assert profiles["default"] == "p-alice" and set(profiles["profiles"]) == {"p-alice", "p-bob"}
+    assert stat.S_IMODE((tmp_path / ".gpuflex" / "client.json").stat().st_mode) == 0o600
+
+    alice = ok(gpuflex(tmp_path, "whoami"))
+    assert "account: p-alice (a-" in alice and f"coordinator: {url}" in alice
+    assert "profile: p-alice (the default)" in alice and "balance: 0.00 credits" in alice
+    assert "account: p-bob" in ok(gpuflex(tmp_path, "--profile", "p-bob", "whoami"))
+    assert "profile: p-bob (GPUFLEX_PROFILE)" in ok(gpuflex(tmp_path, "whoami", GPUFLEX_PROFILE="p-bob"))
+
+    ok(gpuflex(tmp_path, "account", "use", "p-bob"))
+    assert "profile: p-bob (the default)" in ok(gpuflex(tmp_path, "whoami"))
+    alice_token = profiles["profiles"]["p-alice"]["token"]
+    # flags, then GPUFLEX_TOKEN, then the chosen profile
+    assert "account: p-alice" in ok(gpuflex(tmp_path, "whoami", GPUFLEX_TOKEN=alice_token))
+    bob_token = profiles["profiles"]["p-bob"]["token"]
+    by_flag = gpuflex(tmp_path, "whoami", "--token", bob_token, GPUFLEX_TOKEN=alice_token)
+    assert "account: p-bob" in ok(by_flag)
+
+
+def test_a_saved_profile_is_replaced_only_with_force(url, tmp_path):
+    ok(gpuflex(tmp_path, "account", "create", "f-carol", "--url", url))
+    kept = saved(tmp_path)
+    again = one_line_error(gpuflex(tmp_path, "account", "create", "f-carol"))
+    assert "a profile named 'f-carol' is saved already" in again and "--force" in again
+    assert saved(tmp_path) == kept
+
+    # Refused before the account is made: the name is still free on the coordinator.
+    profiles = saved(tmp_path)
+    profiles["profiles"]["f-dave"] = {"url": url, "token": "gfx_lost"}
+    (tmp_path / ".gpuflex" / "client.json").write_text(json.dumps(profiles))
+    assert "saved already" in one_line_error(gpuflex(tmp_path, "account", "create", "f-dave"))
+    ok(gpuflex(tmp_path, "account", "create", "f-dave", "--force"))
+    replaced = saved(tmp_path)
+    assert replaced["profiles"]["f-dave"]["token"] != "gfx_lost"
+    assert replaced["profiles"]["f-carol"] == kept["profiles"]["f-carol"]
+
+    (tmp_path / ".gpuflex" / "client.json").write_text("not json")
+    broken = one_line_error(gpuflex(tmp_path, "account", "create", "f-erin"))
+    assert "is not a profile file" in broken and "--force" in broken
+    assert (tmp_path / ".gpuflex" / "client.json").read_text() == "not json"
+
+
+def test_the_file_of_older_versions_reads_as_a_profile_and_is_kept(url, tmp_path):
+    token = Client(url).create_account("l-old").token
+    (tmp_path / ".gpuflex").mkdir()
+    (tmp_path / ".gpuflex" / "client.json").write_text(json.dumps({"url": url, "token": token}))
+    assert "profile: default (the default)" in ok(gpuflex(tmp_path, "whoami"))
+    ok(gpuflex(tmp_path, "account", "create", "l-new"))
+    profiles = saved(tmp_path)
+    assert profiles["default"] == "default" and profiles["profiles"]["default"]["token"] == token
+    assert set(profiles["profiles"]) == {"default", "l-new"}
+
+
+def test_profiles_are_listed_without_their_tokens_and_an_unknown_one_is_named(url, tmp_path):
+    ok(gpuflex(tmp_path, "account", "create", "u-gina", "--url", url))
+    ok(gpuflex(tmp_path, "account", "create", "u-hal"))
+    tokens = [p["token"] for p in saved(tmp_path)["profiles"].values()]
+    listing = ok(gpuflex(tmp_path, "account", "profiles"))
+    as_json = json.loads(ok(gpuflex(tmp_path, "account", "profiles", "--json")))
+    assert not any(token in listing or token in json.dumps(as_json) for token in tokens)
+    assert [(p["profile"], p["default"]) for p in as_json] == [("u-gina", True), ("u-hal", False)]
+    marked = {line.split("│")[2].strip(): "*" in line for line in listing.splitlines() if "u-" in line}
+    assert marked == {"u-gina": True, "u-hal": False}
+
+    for result in (
+        gpuflex(tmp_path, "--profile", "nobody", "jobs"),
+        gpuflex(tmp_path, "jobs", GPUFLEX_PROFILE="nobody"),
+        gpuflex(tmp_path, "account", "use", "nobody"),
+    ):
+        assert "no profile 'nobody'" in one_line_error(result) and "u-gina, u-hal" in result.stderr
+
+
+def test_an_empty_token_or_url_is_refused_not_replaced_by_the_saved_one(url, tmp_path):
+    ok(gpuflex(tmp_path, "account", "create", "e-kim", "--url", url))
+    assert one_line_error(gpuflex(tmp_path, "jobs", "--token", "")) == "error: --token is empty"
+    assert one_line_error(gpuflex(tmp_path, "jobs", "--url", "")) == "error: --url is empty"
+    assert one_line_error(gpuflex(tmp_path, "--profile", "", "jobs")) == "error: --profile is empty"

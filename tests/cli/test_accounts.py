@@ -1,6 +1,6 @@
 """A new user's first commands, run as processes against a real coordinator: accounts and the profiles
-that keep their tokens, ``whoami``, an empty token. Each test has its own HOME, so the profile file is its
-own."""
+that keep their tokens, ``whoami``, an empty token, and the operator's token on disk once the coordinator
+serves. Each test has its own HOME, so the profile file is its own."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gpuflex.client import Client
 from gpuflex.coordinator.app import create_app
 from gpuflex.coordinator.migrate import upgrade
 from gpuflex.coordinator.settings import CoordinatorSettings
-from gpuflex.testing import serve
+from gpuflex.localnet import free_port
+from gpuflex.testing import serve, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +143,25 @@ def test_an_empty_token_or_url_is_refused_not_replaced_by_the_saved_one(url, tmp
     assert one_line_error(gpuflex(tmp_path, "jobs", "--token", "")) == "error: --token is empty"
     assert one_line_error(gpuflex(tmp_path, "jobs", "--url", "")) == "error: --url is empty"
     assert one_line_error(gpuflex(tmp_path, "--profile", "", "jobs")) == "error: --profile is empty"
+
+
+def test_the_operator_token_is_on_disk_once_the_coordinator_serves(tmp_path):
+    data_dir, port = tmp_path / "coordinator", free_port()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "COLUMNS": "300"}
+    command = [sys.executable, "-m", "gpuflex", "coordinator", "serve", "--data-dir", str(data_dir)]
+    with subprocess.Popen([*command, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True) as p:
+        try:
+            wait_for(lambda: _answers(f"http://127.0.0.1:{port}"), 60, "the coordinator to serve")
+            token = data_dir / "operator_token"
+            assert token.read_text().startswith("gfxop_")
+            assert stat.S_IMODE(token.stat().st_mode) == 0o600
+        finally:
+            p.terminate()
+        assert f"operator token in {token}" in p.stderr.read()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/docs").status_code == 200
+    except httpx.TransportError:
+        return False

@@ -69,10 +69,14 @@ def serve(
     jsonlog.configure(settings.log_format)
     if migrate_first:
         upgrade(settings.sqlalchemy_url)
+    # Made now, not on first use: the operator reads them from data_dir before anyone has called.
     settings.resolved_core_token()
-    where = "GPUFLEX_CORE_TOKEN" if settings.core_token else settings.data_dir / "core_token"
+    settings.resolved_operator_token()
+    core = "GPUFLEX_CORE_TOKEN" if settings.core_token else settings.data_dir / "core_token"
+    operator = "GPUFLEX_OPERATOR_TOKEN" if settings.operator_token else settings.data_dir / "operator_token"
     console.print(
-        f"serving on http://{host}:{port} (dashboard at /dashboard, docs at /docs); core token in {where}"
+        f"serving on http://{host}:{port} (dashboard at /dashboard, docs at /docs); core token in {core}, "
+        f"operator token in {operator}"
     )
     uvicorn.run(
         create_app(settings),

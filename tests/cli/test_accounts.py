@@ -1,6 +1,6 @@
 """A new user's first commands, run as processes against a real coordinator: accounts and the profiles
-that keep their tokens, ``whoami``, an empty token, and the operator's token on disk once the coordinator
-serves. Each test has its own HOME, so the profile file is its own."""
+that keep their tokens, ``whoami``, an empty token, a deposit out of range, and the operator's token on
+disk once the coordinator serves. Each test has its own HOME, so the profile file is its own."""
 
 from __future__ import annotations
 
@@ -143,6 +143,21 @@ def test_an_empty_token_or_url_is_refused_not_replaced_by_the_saved_one(url, tmp
     assert one_line_error(gpuflex(tmp_path, "jobs", "--token", "")) == "error: --token is empty"
     assert one_line_error(gpuflex(tmp_path, "jobs", "--url", "")) == "error: --url is empty"
     assert one_line_error(gpuflex(tmp_path, "--profile", "", "jobs")) == "error: --profile is empty"
+
+
+def test_a_deposit_out_of_range_is_one_line_naming_the_range(url, tmp_path):
+    ok(gpuflex(tmp_path, "account", "create", "d-ivy", "--url", url))
+    for amount in ("0", "-5", "2000000", "nan"):
+        refused = one_line_error(gpuflex(tmp_path, "wallet", "deposit", amount))
+        assert "a deposit must be 0.000001 to 1000000.00 credits" in refused, refused
+    assert "balance: 2.500000" in ok(gpuflex(tmp_path, "wallet", "deposit", "2.5"))
+
+    token = saved(tmp_path)["profiles"]["d-ivy"]["token"]
+    for amount in (0, -5, 2_000_000):
+        answer = httpx.post(
+            f"{url}/v1/wallet/deposit", json={"amount": amount}, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert answer.status_code == 422 and answer.json()["detail"].startswith("amount: ")
 
 
 def test_the_operator_token_is_on_disk_once_the_coordinator_serves(tmp_path):

@@ -9,12 +9,15 @@ from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, credits, print_json, table
 from gpuflex.cli.profile import Profiles, Saved, consumer_client, masked, resolve, resolve_url
 from gpuflex.client import Client
+from gpuflex.errors import BadRequest
+from gpuflex.protocol import messages as m
 
 account_app = typer.Typer(
     help="Consumer accounts and the profiles that keep their tokens.", no_args_is_help=True
 )
 wallet_app = typer.Typer(help="Credits (USD-pegged) in your wallet.", no_args_is_help=True)
 console = Console()
+DEPOSIT_RANGE = f"{credits(m.MIN_CREDITS)} to {credits(m.MAX_CREDITS)}"  # the server's own bounds
 ProfileName = Annotated[str, typer.Argument(help="a profile's name, as `gpuflex account profiles` lists it")]
 
 
@@ -90,11 +93,16 @@ def whoami(url: Url = None, token: Token = None) -> None:
     )
 
 
-@wallet_app.command("deposit")
+@wallet_app.command("deposit", context_settings={"ignore_unknown_options": True})
 def deposit(
-    amount: Annotated[float, typer.Argument(help="credits to add")], url: Url = None, token: Token = None
+    amount: Annotated[float, typer.Argument(help=f"credits to add, {DEPOSIT_RANGE}")],
+    url: Url = None,
+    token: Token = None,
 ) -> None:
     """Add credits to your wallet."""
+    # ignore_unknown_options: "-5" reaches here as a number, to be refused in words, not as an option
+    if not m.MIN_CREDITS <= amount <= m.MAX_CREDITS:
+        raise BadRequest(f"a deposit must be {DEPOSIT_RANGE} credits, not {amount:.12g}")
     balance = consumer_client(url, token).deposit(amount)
     console.print(f"balance: {balance.balance:.6f} credits")
 

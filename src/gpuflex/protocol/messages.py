@@ -45,7 +45,8 @@ Loss = Annotated[float | None, BeforeValidator(_finite_or_none)]
 
 
 # An amount to move: at least one micro-credit, the ledger's unit (a smaller one would round to nothing).
-Credits = Annotated[float, Field(ge=0.000_001, le=1_000_000, description="credits")]
+MIN_CREDITS, MAX_CREDITS = 0.000_001, 1_000_000
+Credits = Annotated[float, Field(ge=MIN_CREDITS, le=MAX_CREDITS, description="credits")]
 
 
 # What the database keeps in 32-bit columns (rounds, epochs, steps, the journal's sequence numbers) or

@@ -1,6 +1,7 @@
 """A new user's first commands, run as processes against a real coordinator: accounts and the profiles
-that keep their tokens, ``whoami``, an empty token, a deposit out of range, and the operator's token on
-disk once the coordinator serves. Each test has its own HOME, so the profile file is its own."""
+that keep their tokens, ``whoami``, an empty token, a deposit out of range, a budget beyond the wallet,
+and the operator's token on disk once the coordinator serves. Each test has its own HOME, so the profile
+file is its own."""
 
 from __future__ import annotations
 
@@ -158,6 +159,24 @@ def test_a_deposit_out_of_range_is_one_line_naming_the_range(url, tmp_path):
             f"{url}/v1/wallet/deposit", json={"amount": amount}, headers={"Authorization": f"Bearer {token}"}
         )
         assert answer.status_code == 422 and answer.json()["detail"].startswith("amount: ")
+
+
+def test_a_budget_beyond_the_wallet_is_said_in_the_users_words(url, tmp_path):
+    ok(gpuflex(tmp_path, "account", "create", "b-jack", "--url", url))
+    ok(gpuflex(tmp_path, "wallet", "deposit", "8"))
+    spec = tmp_path / "big.yaml"
+    spec.write_text("name: big\ntraining: {recipe: mlp-digits}\ndata: {source: none}\nbudget: 500\n")
+
+    quoted = gpuflex(tmp_path, "quote", str(spec))
+    warning = " ".join(quoted.stdout.split())
+    assert (
+        "your wallet holds 8.00 credits and this job's budget is 500.00: submit would be refused" in warning
+    )
+    assert "`gpuflex wallet deposit 492.00`" in warning
+
+    refused = one_line_error(gpuflex(tmp_path, "submit", str(spec)))
+    assert "your wallet holds 8.00 credits and this job's budget is 500.00: add 492.00 with " in refused
+    assert "`gpuflex wallet deposit 492.00`" in refused and "consumer:" not in refused
 
 
 def test_the_operator_token_is_on_disk_once_the_coordinator_serves(tmp_path):

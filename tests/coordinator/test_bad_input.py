@@ -69,7 +69,9 @@ def test_submitting_beyond_the_wallet_is_refused_and_writes_nothing(coordinator)
     alice = coordinator.consumer("alice", deposit=1)
     entries_before = len(alice.ledger().entries)
     dataset = alice.upload(b"x" * 1000)
-    with pytest.raises(InsufficientFunds, match=r"holds 1\.000000 credits, needs 50\.000000"):
+    with pytest.raises(
+        InsufficientFunds, match=r"your wallet holds 1.00 credits and this job's budget is 50.00: add 49.00"
+    ):
         alice.submit(JobSpec(name="big", budget=50), dataset)
     assert alice.jobs() == []
     assert alice.balance().balance == 1

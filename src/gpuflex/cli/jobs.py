@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuflex.cli.options import Token, Url
+from gpuflex.cli.output import credits
 from gpuflex.cli.profile import consumer_client
 from gpuflex.cli.watch import watch_job
 from gpuflex.client import Client
@@ -62,6 +63,7 @@ def quote(
 ) -> None:
     """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
     q = consumer_client(url, token).quote(load_job_spec(spec_file))
+    _warn_if_short(q)
     if not q.placeable:
         console.print("[bold yellow]the job cannot be placed now:[/]", highlight=False)
         for problem in q.problems:
@@ -92,6 +94,18 @@ def quote(
         )
     for assumption in q.assumptions:
         console.print(f"[dim]assumes {assumption}[/]", highlight=False)
+
+
+def _warn_if_short(q: Quote) -> None:
+    """Say now what ``submit`` would refuse: a budget the wallet does not cover."""
+    if q.wallet is not None and q.wallet < q.budget:
+        missing = credits(q.budget - q.wallet)
+        console.print(
+            f"[bold yellow]your wallet holds {credits(q.wallet)} credits and this job's budget is "
+            f"{credits(q.budget)}: submit would be refused; add {missing} with "
+            f"`gpuflex wallet deposit {missing}`, or lower the budget[/]",
+            highlight=False,
+        )
 
 
 def _quote_nodes(q: Quote) -> Table:

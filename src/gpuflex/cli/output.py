@@ -11,6 +11,8 @@ import typer
 from pydantic import BaseModel
 from rich.table import Table
 
+from gpuflex.protocol.money import credits_text
+
 Json = Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of a table")]
 
 
@@ -42,7 +44,5 @@ def _plain(data: Any) -> Any:
 
 def credits(amount: float) -> str:
     """An amount of credits with as many decimals as it has, up to the micro-credit, at least two:
-    a budget of 0.001 prints as 0.001 (not 0.00), 10 as 10.00, 0.0010824 as 0.001082."""
-    text = f"{amount:.6f}".rstrip("0")
-    whole, _, decimals = text.partition(".")
-    return f"{whole}.{decimals.ljust(2, '0')}"
+    a budget of 0.001 prints as 0.001 (not 0.00), 10 as 10.00. The coordinator's messages print the same."""
+    return credits_text(amount)

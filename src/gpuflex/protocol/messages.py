@@ -293,6 +293,7 @@ class Quote(Message):
     cost_low: float | None = None
     cost_high: float | None = None
     budget: float
+    wallet: float | None = Field(None, description="the caller's wallet: a budget above it would be refused")
     budget_lasts_s: float | None = Field(None, description="set when the budget runs out before the job ends")
     shirking_pays_rounds: int | None = Field(
         None,

@@ -7,9 +7,11 @@ from fastapi import APIRouter
 from fastapi import Query as Param
 
 from gpuflex.coordinator.auth import Consumer, Ctx
-from gpuflex.coordinator.services import market
+from gpuflex.coordinator.services import ledger, market
+from gpuflex.ledger.accounts import consumer
 from gpuflex.market import query
 from gpuflex.protocol import messages as m
+from gpuflex.protocol.money import to_credits
 from gpuflex.protocol.spec import JobSpec
 
 router = APIRouter(tags=["market"])
@@ -31,8 +33,11 @@ def offers(_account: Consumer, ctx: Ctx, q: QueryText = "", order: OrderText = "
 
 
 @router.post("/quote")
-def quote(spec: JobSpec, _account: Consumer, ctx: Ctx) -> m.Quote:
-    """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
+def quote(spec: JobSpec, account: Consumer, ctx: Ctx) -> m.Quote:
+    """What a job would cost and take if submitted now, and on which nodes; nothing is spent. It carries
+    the caller's wallet, so a budget the wallet does not cover is said before ``submit`` refuses it."""
     with ctx.tx() as s:
         interval_s = ctx.liveness(s).interval_s
-        return market.quote(s, spec, ctx.now(), interval_s)
+        quoted = market.quote(s, spec, ctx.now(), interval_s)
+        quoted.wallet = to_credits(ledger.balance(s, consumer(account.id)))
+        return quoted

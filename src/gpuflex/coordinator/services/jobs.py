@@ -16,11 +16,11 @@ from sqlalchemy.orm import Session
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
 from gpuflex.coordinator.services import leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
-from gpuflex.errors import BadRequest, Conflict, NotFound
+from gpuflex.errors import BadRequest, Conflict, InsufficientFunds, NotFound
 from gpuflex.ledger import accounts
 from gpuflex.ledger.settlement import settle_job
 from gpuflex.protocol import messages as m
-from gpuflex.protocol.money import to_credits, to_micro
+from gpuflex.protocol.money import credits_text, to_credits, to_micro
 from gpuflex.storage import BlobStore
 
 MAX_TASK_FAILURES = 3
@@ -47,21 +47,33 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
     )
     session.add(job)
     session.flush()
-    ledger.append(
-        session,
-        kind="escrow",
-        memo=f"budget of job {job.id} into escrow",
-        postings=[
-            (accounts.consumer(account.id), -job.budget_micro),
-            (accounts.escrow(job.id), job.budget_micro),
-        ],
-        now=now,
-    )
+    wallet = accounts.consumer(account.id)
+    try:
+        ledger.append(
+            session,
+            kind="escrow",
+            memo=f"budget of job {job.id} into escrow",
+            postings=[(wallet, -job.budget_micro), (accounts.escrow(job.id), job.budget_micro)],
+            now=now,
+        )
+    except InsufficientFunds:
+        raise InsufficientFunds(_short_of(ledger.balance(session, wallet), job.budget_micro)) from None
     session.add(Task(id=new_id("t"), job_id=job.id, role="aggregator", index=0, state="pending"))
     for i in range(msg.spec.resources.workers):
         session.add(Task(id=new_id("t"), job_id=job.id, role="worker", index=i, state="pending"))
     session.add(JobEvent(job_id=job.id, at=now, message=f"submitted by {account.name}; budget in escrow"))
     return job
+
+
+def _short_of(wallet_micro: int, budget_micro: int) -> str:
+    """A wallet short of a job's budget, in its owner's words, with the deposit that would cover it."""
+    have, budget, missing = (
+        credits_text(to_credits(x)) for x in (wallet_micro, budget_micro, budget_micro - wallet_micro)
+    )
+    return (
+        f"your wallet holds {have} credits and this job's budget is {budget}: "
+        f"add {missing} with `gpuflex wallet deposit {missing}`, or lower the budget"
+    )
 
 
 def owned(session: Session, account: Account, job_id: str) -> Job:

@@ -1,7 +1,7 @@
 """A new user's first commands, run as processes against a real coordinator: accounts and the profiles
 that keep their tokens, ``whoami``, an empty token, a deposit out of range, a budget beyond the wallet,
-and the operator's token on disk once the coordinator serves. Each test has its own HOME, so the profile
-file is its own."""
+a wrong URL, and the operator's token on disk once the coordinator serves. Each test has its own HOME, so
+the profile file is its own."""
 
 from __future__ import annotations
 
@@ -177,6 +177,14 @@ def test_a_budget_beyond_the_wallet_is_said_in_the_users_words(url, tmp_path):
     refused = one_line_error(gpuflex(tmp_path, "submit", str(spec)))
     assert "your wallet holds 8.00 credits and this job's budget is 500.00: add 492.00 with " in refused
     assert "`gpuflex wallet deposit 492.00`" in refused and "consumer:" not in refused
+
+
+def test_a_wrong_url_path_names_the_url_a_missing_job_does_not(url, tmp_path):
+    token = Client(url).create_account("w-lou").token
+    wrong = one_line_error(gpuflex(tmp_path, "jobs", "--url", f"{url}/wrong", "--token", token))
+    assert f"nothing at GET {url}/wrong/v1/jobs: is the coordinator URL right? (HTTP 404)" in wrong
+    missing = one_line_error(gpuflex(tmp_path, "job", "show", "j-nope", "--url", url, "--token", token))
+    assert "no job j-nope (HTTP 404)" in missing and "nothing at" not in missing
 
 
 def test_the_operator_token_is_on_disk_once_the_coordinator_serves(tmp_path):

@@ -74,6 +74,10 @@ def _checked(response: httpx.Response) -> httpx.Response:
         detail = response.json().get("detail", response.text)
     except ValueError:
         detail = response.text or response.reason_phrase
+    if response.status_code == 404 and detail in (response.reason_phrase, response.text):
+        # Not a resource's own 404, which names what is missing: no route answered, so the URL is wrong.
+        request = response.request
+        detail = f"nothing at {request.method} {request.url}: is the coordinator URL right?"
     # A detail of several lines (a query error's caret line under the query) keeps them intact.
     first, newline, rest = str(detail).partition("\n")
     raise from_status(response.status_code, f"{first} (HTTP {response.status_code}){newline}{rest}")

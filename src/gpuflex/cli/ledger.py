@@ -8,11 +8,12 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.profile import consumer_client
 from gpuflex.errors import BadRequest, GPUFlexError
-from gpuflex.ledger.export import verify_export
+from gpuflex.ledger.export import check_public_key, verify_export
 from gpuflex.protocol.messages import LedgerExport
 
 ledger_app = typer.Typer(help="Audit the ledger.", no_args_is_help=True)
@@ -46,13 +47,18 @@ def verify(
     source: Annotated[str | None, typer.Option("--from", help="an export file or a coordinator URL")] = None,
     public_key: Annotated[
         str | None,
-        typer.Option("--public-key", help="hex key you trust to sign the journal [default: the export's]"),
+        typer.Option(
+            "--public-key",
+            help=escape("the key you trust to sign the journal, 64 hex digits [default: the export's]"),
+        ),
     ] = None,
     url: Url = None,
     token: Token = None,
 ) -> None:
     """Re-check every entry's hash, the chain, the balancing of postings, that no balance went
     negative, and every entry's signature."""
+    if public_key is not None:
+        check_public_key(public_key)  # before fetching anything
     report = verify_export(_load(source, url, token), public_key=public_key)
     if not report.ok:
         raise GPUFlexError(f"ledger: {report.entries} entries, chain BROKEN: {report.problem}")

@@ -1,7 +1,7 @@
 """``gpuflex governance propose | vote | proposals | parameters``: the network's parameters, voted by stake.
 
 ``propose`` and ``vote`` act as a provider node (its key, found like ``provider dashboard`` finds
-it: ``--name`` / ``--data-dir``); ``proposals`` and ``parameters`` read with a consumer's API token.
+it: ``--name`` / ``--data-dir``); ``proposals`` and ``parameters`` are public: no token needed.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.profile import consumer_client
+from gpuflex.cli.output import Json, print_json, table
+from gpuflex.cli.profile import public_client
 from gpuflex.cli.provider import DataDir, Name, node_client
 from gpuflex.protocol import messages as m
 
@@ -63,22 +63,37 @@ def vote(
 
 
 @governance_app.command("proposals")
-def proposals(url: Url = None, token: Token = None) -> None:
-    """List proposals, newest first."""
-    table = Table("id", "parameter", "value", "state", "voting closes", "in force from", "proposer", "reason")
-    for p in consumer_client(url, token).proposals():
-        row = (p.id, p.parameter, str(p.value), p.state, _at(p.closes_at), _at(p.effective_at))
-        table.add_row(*row, p.proposer, p.reason)
-    console.print(table)
+def proposals(json: Json = False, url: Url = None, token: Token = None) -> None:
+    """List proposals, newest first. Public: no token needed."""
+    listed = public_client(url, token).proposals()
+    if json:
+        print_json(listed)
+        return
+    out = table("id / by", "change", "state", "reason", ids=["id / by"])
+    for p in listed:
+        out.add_row(f"{p.id}\n{p.proposer}", f"{p.parameter} = {p.value}", _state(p), p.reason)
+    console.print(out)
+
+
+def _state(p: m.ProposalInfo) -> str:
+    closes, effective = _at(p.closes_at), _at(p.effective_at)
+    if p.state == "open":
+        return f"open until {closes}; in force from {effective} if it passes"
+    return f"{p.state} at {closes}" + (f"; in force from {effective}" if p.state == "passed" else "")
 
 
 @governance_app.command("parameters")
-def parameters(url: Url = None, token: Token = None) -> None:
-    """The governable parameters: values in force, their ranges and changes to come."""
-    table = Table("parameter", "value", "set by", "range", "scheduled", "meaning")
-    for p in consumer_client(url, token).parameters():
+def parameters(json: Json = False, url: Url = None, token: Token = None) -> None:
+    """The governable parameters: values in force, ranges, changes to come. Public: no token needed."""
+    listed = public_client(url, token).parameters()
+    if json:
+        print_json(listed)
+        return
+    out = table("parameter", "value", "range", "meaning", ids=["parameter"])
+    for p in listed:
         upper = "" if p.maximum is None else f"{p.maximum:g}"
-        coming = ", ".join(f"{c.value} from {_at(c.effective_at)} ({c.proposal_id})" for c in p.scheduled)
-        value = f"{p.value} {p.unit}".rstrip()
-        table.add_row(p.name, value, p.source, f"{p.minimum:g}..{upper}", coming or "-", p.description)
-    console.print(table)
+        source = "the coordinator's setting" if p.source == "setting" else f"voted in {p.source}"
+        value = f"{p.value} {p.unit}".rstrip() + f", {source}"
+        coming = [f"; {c.value} from {_at(c.effective_at)} ({c.proposal_id})" for c in p.scheduled]
+        out.add_row(p.name, value + "".join(coming), f"{p.minimum:g}..{upper}", p.description)
+    console.print(out)

@@ -1,5 +1,5 @@
 """``gpuflex ledger export | verify``: anyone can re-check the journal's hash chain and the
-coordinator's signature of every entry offline."""
+coordinator's signature of every entry offline. The journal is public: no token needed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.profile import consumer_client
+from gpuflex.cli.profile import public_client
 from gpuflex.errors import BadRequest, GPUFlexError
 from gpuflex.ledger.export import check_public_key, verify_export
 from gpuflex.protocol.messages import LedgerExport
@@ -22,7 +22,7 @@ console = Console()
 
 def _load(source: str | None, url: str | None, token: str | None) -> LedgerExport:
     if source is None or source.startswith(("http://", "https://")):
-        return consumer_client(source or url, token).ledger()
+        return public_client(source or url, token).ledger()
     try:
         return LedgerExport.model_validate_json(Path(source).read_text())
     except OSError as err:
@@ -38,7 +38,7 @@ def export(
     token: Token = None,
 ) -> None:
     """Save the journal as JSON for offline verification."""
-    output.write_text(consumer_client(url, token).ledger().model_dump_json(indent=1))
+    output.write_text(public_client(url, token).ledger().model_dump_json(indent=1))
     console.print(f"ledger written to {output}")
 
 

@@ -44,6 +44,13 @@ def consumer_client(url: str | None, token: str | None) -> Client:
     return Client(resolve_url(url), token)
 
 
+def public_client(url: str | None, token: str | None) -> Client:
+    """A client for the network's public record (offers, the journal, verdicts, governance): it needs no
+    token. One given (``--token``, ``GPUFLEX_TOKEN``) is sent, so the calls count as that account's; the
+    saved one is not, as the URL may name another coordinator than the one it is for."""
+    return Client(resolve_url(url), token or ClientSettings().token)
+
+
 def save_profile(url: str, token: str) -> Path:
     path = ClientSettings().profile
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,26 @@ from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, print_json, table
 from gpuflex.cli.profile import public_client
 from gpuflex.cli.provider import DataDir, Name, node_client
+from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.protocol import messages as m
 
-governance_app = typer.Typer(help="Propose and vote on the network's parameters.", no_args_is_help=True)
+_DEFAULT = {name: field.default for name, field in CoordinatorSettings.model_fields.items()}
+VOTING_HOURS = _DEFAULT["governance_voting_period_s"] / 3600
+# The rules as a coordinator applies them by default, read from its settings so they cannot drift.
+RULES = (
+    "The rules, as a coordinator sets them by default (its operator may change them): a node needs "
+    f"{_DEFAULT['governance_proposal_stake']:g} credits of stake to propose "
+    f"(GPUFLEX_GOVERNANCE_PROPOSAL_STAKE). Voting stays open {VOTING_HOURS:g} h "
+    "(GPUFLEX_GOVERNANCE_VOTING_PERIOD_S); staked nodes vote yes, no or abstain, each weighing the stake it "
+    "has when it votes, and votes are final. When voting closes, a proposal passes if the stake that voted "
+    f"is at least {_DEFAULT['governance_quorum']:.0%} of all stake (the quorum, GPUFLEX_GOVERNANCE_QUORUM) "
+    "and more of it voted yes than no (abstain counts toward the quorum only). A passed value takes effect "
+    "at the time the proposal set, which must fall after voting closes. Every proposal, vote and tally is "
+    "a journal entry."
+)
+governance_app = typer.Typer(
+    help=f"Propose and vote on the network's parameters, weighed by stake.\n\n{RULES}", no_args_is_help=True
+)
 console = Console()
 
 
@@ -27,19 +44,25 @@ def _at(t: datetime) -> str:
     return t.astimezone().strftime("%Y-%m-%d %H:%M")
 
 
-@governance_app.command("propose")
+@governance_app.command(
+    "propose",
+    help=f"Propose a new value for a network parameter, as your provider node (it needs stake).\n\n{RULES}",
+)
 def propose(
     parameter: Annotated[str, typer.Argument(help="a parameter `gpuflex governance parameters` lists")],
     value: Annotated[float, typer.Argument(help="its new value")],
     effective_in: Annotated[
-        float, typer.Option(help="hours from now until it takes effect; after voting closes", min=0)
+        float,
+        typer.Option(
+            help=f"hours from now until it takes effect; after voting closes ({VOTING_HOURS:g} h by default)",
+            min=0,
+        ),
     ],
     reason: Annotated[str, typer.Option(help="why: shown to voters and kept in the journal")],
     name: Name = None,
     data_dir: DataDir = None,
     url: Url = None,
 ) -> None:
-    """Propose a new value for a network parameter, as your provider node (it needs stake)."""
     at = datetime.fromtimestamp(time.time() + effective_in * 3600, UTC)
     msg = m.ProposalCreate(parameter=parameter, value=value, effective_at=at, reason=reason)
     p = node_client(name, data_dir, url).propose(msg)

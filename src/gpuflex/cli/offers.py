@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, print_json, table
@@ -14,19 +15,19 @@ from gpuflex.cli.profile import public_client
 
 console = Console()
 
+# escaped: Rich reads "[eu, us]" in a help text as markup and would drop it
+QUERY_HELP = escape(
+    'e.g. "vram>=16 tflops>=20 price<=0.5 reliability>=0.9 region in [eu, us] hours>=24"; '
+    "fields: vram tflops price reliability hours region kind gpu device state name; empty: every node"
+)
+ORDER_HELP = escape(
+    "sort keys, '-' for descending, e.g. price,-reliability [default: online first, cheapest]"
+)
+
 
 def offers(
-    query: Annotated[
-        str,
-        typer.Argument(
-            help='e.g. "vram>=16 tflops>=20 price<=0.5 reliability>=0.9 region in [eu, us] hours>=24"; '
-            "fields: vram tflops price reliability hours region kind gpu device state name; "
-            "empty: every node"
-        ),
-    ] = "",
-    order: Annotated[
-        str, typer.Option(help="sort keys, '-' for descending, e.g. price,-reliability [default: cheapest]")
-    ] = "",
+    query: Annotated[str, typer.Argument(help=QUERY_HELP)] = "",
+    order: Annotated[str, typer.Option(help=ORDER_HELP)] = "",
     json: Json = False,
     url: Url = None,
     token: Token = None,

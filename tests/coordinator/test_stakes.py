@@ -1,5 +1,10 @@
 """A node's money through the real API: stake, held pay and the audit window, withdrawals, slashing."""
 
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime
+
 import httpx
 import pytest
 from typer.testing import CliRunner
@@ -8,6 +13,7 @@ from gpuflex.auth.signing import NodeKey, node_id_for
 from gpuflex.cli.main import app
 from gpuflex.client import Client
 from gpuflex.coordinator.app import reap_once
+from gpuflex.coordinator.db import Job
 from gpuflex.errors import Conflict, Forbidden, InsufficientFunds, NotFound, Unauthorized
 from gpuflex.ledger import accounts
 from gpuflex.protocol import messages as m
@@ -31,10 +37,11 @@ def coordinator(coordinator):
     return coordinator
 
 
-def _worked_job(coordinator, seconds=20):
+def _worked_job(coordinator, seconds=20, worker_key=None):
     """Alice's job, run on a core node and one community node for ``seconds``, then cancelled."""
     alice = coordinator.consumer("alice", deposit=10)
-    core, worker = coordinator.node("core", core=True, price=0.4), coordinator.node("w", price=0.36)
+    core = coordinator.node("core", core=True, price=0.4)
+    worker = coordinator.node("w", price=0.36, key=worker_key)
     job = _job(alice)
     grants = [core.lease(), worker.lease()]
     coordinator.clock.advance(seconds)
@@ -96,6 +103,22 @@ def test_staking_from_outside_and_from_earnings_and_unstaking_when_idle(coordina
     with pytest.raises(InsufficientFunds):
         worker.unstake(earned + 1)
     sound_totals(alice)
+
+
+def test_an_unstake_refused_for_the_audit_window_says_when_the_window_ends(coordinator, tmp_path):
+    _, job, _, worker = _worked_job(coordinator, worker_key=NodeKey.load_or_create(tmp_path / "node.key"))
+    worker.stake(2.0)
+    with coordinator.ctx.tx() as s:
+        ends = s.get(Job, job.id).finished_at + WINDOW_S
+    coordinator.clock.advance(5)
+    unstake = ["provider", "unstake", "1", "--data-dir", str(tmp_path), "--url", coordinator.url]
+    refused = subprocess.run(
+        [sys.executable, "-m", "gpuflex", *unstake], capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    at = datetime.fromtimestamp(ends, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f"held in an audit window until {at} (in " in refused.stderr
+    assert re.search(r"\(in \d+ s\): its stake backs that work until then", refused.stderr), refused.stderr
 
 
 def test_a_node_holding_a_lease_cannot_unstake(coordinator):

@@ -158,11 +158,11 @@ def test_a_journal_re_signed_by_another_key_fails_against_the_trusted_key(entrie
     assert verify_chain(forged, public_key=MALLORY.public_key_hex).ok
     # The forger's export names the forger's key: pinning the key you trust catches it.
     export = to_export(forged, public_key=MALLORY.public_key_hex)
-    report = verify_export(export, public_key=PUBLIC)
-    assert not report.ok
-    assert (
-        report.problem
-        == f"the export is signed by key {MALLORY.public_key_hex}, not by the key you trust ({PUBLIC})"
+    with pytest.raises(BadRequest) as mismatch:
+        verify_export(export, public_key=PUBLIC)
+    assert mismatch.value.message == (
+        f"key mismatch: the export is signed by key {MALLORY.public_key_hex}, not by the key you trust "
+        f"({PUBLIC}); its entries were not checked"
     )
     # An export that names no key is checked against the pinned key, entry by entry.
     report = verify_export(to_export(forged), public_key=PUBLIC)
@@ -240,9 +240,17 @@ def test_a_malformed_public_key_is_a_clear_problem(key):
 
 def test_an_export_naming_no_key_needs_one_pinned():
     e1 = signed(make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)]))
-    report = verify_export(to_export([e1]))
-    assert not report.ok and "names no public key" in report.problem
+    with pytest.raises(BadRequest, match="names no public key"):
+        verify_export(to_export([e1]))
     assert verify_export(to_export([e1]), public_key=PUBLIC).ok
+
+
+@pytest.mark.parametrize("key", ["00", "", "zz" * 32, "ab" * 31, "ab" * 33])
+def test_a_pinned_key_that_is_not_a_key_is_refused_before_any_entry_is_checked(key):
+    e1 = signed(make_entry(None, at=AT, kind="deposit", memo="", postings=[(WORLD, -5), (consumer("a"), 5)]))
+    with pytest.raises(BadRequest) as err:
+        verify_export(to_export([e1], public_key=PUBLIC), public_key=key)
+    assert err.value.message == f"{key!r} is not an Ed25519 public key: a key is 64 hex digits"
 
 
 def test_empty_chain_is_ok():

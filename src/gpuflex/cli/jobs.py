@@ -1,4 +1,4 @@
-"""Consumer commands: ``gpuflex submit``, ``quote``, ``jobs``, ``offers``, and the ``job`` group
+"""Consumer commands: ``gpuflex submit``, ``quote``, ``jobs``, and the ``job`` group
 (``show | logs | cancel | fetch | watch | report``)."""
 
 from __future__ import annotations
@@ -136,52 +136,6 @@ def list_jobs(url: Url = None, token: Token = None) -> None:
             _f(j.val_loss),
             f"{j.spent:.6f}",
             f"{j.budget:.2f}",
-        )
-    console.print(table)
-
-
-def offers(
-    query: Annotated[
-        str,
-        typer.Argument(
-            help='e.g. "vram>=16 tflops>=20 price<=0.5 reliability>=0.9 region in [eu, us] hours>=24"; '
-            "fields: vram tflops price reliability hours region kind gpu device state name; "
-            "empty: every node"
-        ),
-    ] = "",
-    order: Annotated[
-        str, typer.Option(help="sort keys, '-' for descending, e.g. price,-reliability [default: cheapest]")
-    ] = "",
-    url: Url = None,
-    token: Token = None,
-) -> None:
-    """List the nodes on offer that the query matches, online and cheapest first unless --order says."""
-    table = Table(
-        "node",
-        "name",
-        "kind",
-        "device",
-        "TFLOPS",
-        "VRAM GB",
-        "price/h",
-        "reliability",
-        "hours",
-        "region",
-        "state",
-    )
-    for o in consumer_client(url, token).offers(query, order):
-        table.add_row(
-            o.node_id,
-            o.name,
-            o.kind,
-            o.gpu or o.device,
-            f"{o.tflops:.3f}",
-            f"{o.vram_gb:.0f}",
-            f"{o.price_per_hour:.3f}",
-            "-" if o.reliability is None else f"{o.reliability:.0%}",
-            "open" if o.hours is None else f"{o.hours:.1f}",
-            o.region,
-            o.state,
         )
     console.print(table)
 

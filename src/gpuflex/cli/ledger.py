@@ -1,5 +1,5 @@
 """``gpuflex ledger export | verify``: anyone can re-check the journal's hash chain and the
-coordinator's signature of every entry offline."""
+coordinator's signature of every entry offline. The journal is public: no token needed."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.profile import consumer_client
+from gpuflex.cli.profile import public_client
 from gpuflex.errors import BadRequest, GPUFlexError
-from gpuflex.ledger.export import verify_export
+from gpuflex.ledger.export import check_public_key, verify_export
 from gpuflex.protocol.messages import LedgerExport
 
 ledger_app = typer.Typer(help="Audit the ledger.", no_args_is_help=True)
@@ -21,7 +22,7 @@ console = Console()
 
 def _load(source: str | None, url: str | None, token: str | None) -> LedgerExport:
     if source is None or source.startswith(("http://", "https://")):
-        return consumer_client(source or url, token).ledger()
+        return public_client(source or url, token).ledger()
     try:
         return LedgerExport.model_validate_json(Path(source).read_text())
     except OSError as err:
@@ -37,7 +38,7 @@ def export(
     token: Token = None,
 ) -> None:
     """Save the journal as JSON for offline verification."""
-    output.write_text(consumer_client(url, token).ledger().model_dump_json(indent=1))
+    output.write_text(public_client(url, token).ledger().model_dump_json(indent=1))
     console.print(f"ledger written to {output}")
 
 
@@ -46,13 +47,18 @@ def verify(
     source: Annotated[str | None, typer.Option("--from", help="an export file or a coordinator URL")] = None,
     public_key: Annotated[
         str | None,
-        typer.Option("--public-key", help="hex key you trust to sign the journal [default: the export's]"),
+        typer.Option(
+            "--public-key",
+            help=escape("the key you trust to sign the journal, 64 hex digits [default: the export's]"),
+        ),
     ] = None,
     url: Url = None,
     token: Token = None,
 ) -> None:
     """Re-check every entry's hash, the chain, the balancing of postings, that no balance went
     negative, and every entry's signature."""
+    if public_key is not None:
+        check_public_key(public_key)  # before fetching anything
     report = verify_export(_load(source, url, token), public_key=public_key)
     if not report.ok:
         raise GPUFlexError(f"ledger: {report.entries} entries, chain BROKEN: {report.problem}")

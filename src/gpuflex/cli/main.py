@@ -16,6 +16,7 @@ from gpuflex.cli import (
     jobs,
     ledger,
     node_wallet,
+    offers,
     operator,
     profile,
     provider,
@@ -51,7 +52,7 @@ app.command("submit")(jobs.submit)
 app.command("quote")(jobs.quote)
 app.command("jobs")(jobs.list_jobs)
 app.add_typer(jobs.job_app, name="job")
-app.command("offers")(jobs.offers)
+app.command("offers")(offers.offers)
 app.add_typer(ledger.ledger_app, name="ledger")
 app.add_typer(train.train_app, name="train")
 app.add_typer(governance.governance_app, name="governance")

@@ -1,4 +1,4 @@
-"""``gpuflex operator slash`` (the operator's token) and ``gpuflex slashes`` (any account): verdicts."""
+"""``gpuflex operator slash`` (the operator's token) and ``gpuflex slashes`` (anyone): verdicts."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.profile import consumer_client, resolve_url
+from gpuflex.cli.output import Json, credits, print_json, table
+from gpuflex.cli.profile import public_client, resolve_url
 from gpuflex.client import Client
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
@@ -44,10 +44,15 @@ def slash(
     console.print(f"slashed {record.node_id}: {record.amount:.6f} credits of stake taken{withheld}")
 
 
-def slashes(url: Url = None, token: Token = None) -> None:
-    """Every verdict's penalty: who was slashed, how much, and the evidence."""
-    table = Table("when", "node", "job", "stake taken", "pay withheld", "evidence")
-    for s in consumer_client(url, token).slashes():
+def slashes(json: Json = False, url: Url = None, token: Token = None) -> None:
+    """Every verdict's penalty: who was slashed, how much, and the evidence. Public: no token needed."""
+    listed = public_client(url, token).slashes()
+    if json:
+        print_json(listed)
+        return
+    out = table("when", "node", "job", "taken", "evidence", ids=["node", "job"])
+    for s in listed:
         at = datetime.fromtimestamp(s.at).strftime("%Y-%m-%d %H:%M")
-        table.add_row(at, s.node_id, s.job_id or "-", f"{s.amount:.6f}", f"{s.withheld:.6f}", s.evidence)
-    console.print(table)
+        taken = f"{credits(s.amount)} of stake" + (f", {credits(s.withheld)} of held pay" if s.job_id else "")
+        out.add_row(at, s.node_id, s.job_id or "-", taken, s.evidence)
+    console.print(out)

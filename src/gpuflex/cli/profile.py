@@ -184,3 +184,10 @@ def resolve_url(url: str | None) -> str:
 
 def consumer_client(url: str | None, token: str | None) -> Client:
     return resolve(url, token).client()
+
+
+def public_client(url: str | None, token: str | None) -> Client:
+    """A client for the network's public record (offers, the journal, verdicts, governance): it needs no
+    token. One given (``--token``, ``GPUFLEX_TOKEN``) is sent, so the calls count as that account's; the
+    saved one is not, as the URL may name another coordinator than the one it is for."""
+    return Client(resolve_url(url), _given("--token", token) or ClientSettings().token)

@@ -1,7 +1,8 @@
 """The SDK: the one way CLI, agent and task subprocesses reach the coordinator (HTTP).
 
 - ``http``      the shared HTTP session: base URL, timeouts, retries, errors as ``gpuflex.errors``
-- ``consumer``  ``Client``: accounts, wallet, jobs, offers, ledger, governance reads (API token)
+- ``consumer``  ``Client``: accounts, wallet, jobs (API token); offers, ledger, verdicts, governance
+                reads (no token needed)
 - ``node``      ``NodeClient``: register, heartbeat, lease, report, propose and vote (Ed25519-signed)
 - ``task``      ``TaskClient``: the round protocol for a task subprocess (lease-scoped token);
                 it satisfies ``gpuflex.train.transport.Transport`` by shape, without importing it

@@ -11,7 +11,8 @@ from gpuflex.protocol.spec import JobSpec
 
 
 class Client:
-    """``Client(url, token)``; ``Client(url)`` can only create an account."""
+    """``Client(url, token)``. ``Client(url)``, with no token, creates an account and reads the network's
+    public record: offers, the journal (``ledger``), verdicts (``slashes``) and governance."""
 
     def __init__(self, url: str, token: str | None = None, *, retry_for_s: float = 0.0, transport=None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -1,9 +1,10 @@
-"""Who is calling: a consumer (API token), a node (Ed25519 signature), a task (lease-scoped token) or
-the operator (its own token, for verdicts).
+"""Who is calling: a consumer (API token), a node (Ed25519 signature), a task (lease-scoped token), the
+operator (its own token, for verdicts), or anyone at all (the network's public record).
 
 Each is a FastAPI dependency typed with ``Annotated`` so a route's signature says who may call it.
 Authentication runs in its own short transaction (a node's nonce is burnt even if the action fails).
-Once a caller has authenticated, its call is charged to its own rate limit (``ratelimit``).
+Once a caller has authenticated, its call is charged to its own rate limit (``ratelimit``); a call
+that proves nobody is charged to the client's address.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def charge(request: Request, who: str) -> None:
 
 
 def anonymous_call(request: Request) -> None:
-    """Count one call that proves nobody (a sign-up) against the client's address; 429 if over."""
+    """Count one call that proves nobody (a sign-up, a public read) against the client's address; 429
+    if over."""
     request.app.state.rate_limits.charge_address(client_address(request))
 
 
@@ -145,14 +147,17 @@ async def blob_writer(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
     return await blob_reader(request, ctx, signed)
 
 
-async def consumer_or_node(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
-    """Who reads the network's public record (governance): an account or a node, by its id."""
+async def anyone(request: Request, ctx: Ctx, signed: SignedRequest) -> None:
+    """Who reads the network's public record (the journal, verdicts, governance, offers): anyone, so
+    anyone can audit. A caller that shows an API token or a node signature is checked (401 if bad) and
+    counted as itself; any other call is counted against the client's address, as sign-ups are."""
     token = _bearer(request)
     if token and token.startswith(API_PREFIX):
-        return (await run_in_threadpool(current_account, request, ctx)).id
-    if HEADER_SIGNATURE in request.headers:
-        return (await current_node(request, signed, ctx)).id
-    raise Unauthorized("this endpoint needs an API token or a node signature")
+        await run_in_threadpool(current_account, request, ctx)
+    elif HEADER_SIGNATURE in request.headers:
+        await current_node(request, signed, ctx)
+    else:
+        anonymous_call(request)
 
 
 Consumer = Annotated[Account, Depends(current_account)]
@@ -162,5 +167,5 @@ VerifiedSignature = Annotated[tuple[str, str], Depends(verified_signature)]
 TaskLease = Annotated[Lease, Depends(current_task)]
 BlobReader = Annotated[str, Depends(blob_reader)]
 BlobWriter = Annotated[str, Depends(blob_writer)]
-ConsumerOrNode = Annotated[str, Depends(consumer_or_node)]
 Anonymous = Depends(anonymous_call)
+Public = Depends(anyone)

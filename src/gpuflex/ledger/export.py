@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpuflex.ledger.journal import GENESIS_HASH, ChainReport, Entry, verify_chain
+from gpuflex.errors import BadRequest
+from gpuflex.ledger.journal import ChainReport, Entry, verify_chain
 from gpuflex.protocol.messages import LedgerEntry, LedgerExport, Posting
 
 
@@ -47,14 +48,27 @@ def from_export(export: LedgerExport) -> list[Entry]:
 def verify_export(export: LedgerExport, *, public_key: str | None = None) -> ChainReport:
     """Re-check an exported journal: every hash, the chain, balanced postings, no overdraft, and every
     signature, against ``public_key`` if you pinned the key you trust, else against the key the export
-    names (which proves the journal is the one its key holder signed, not who holds the key)."""
+    names (which proves the journal is the one its key holder signed, not who holds the key).
+
+    Without a key to check against, nothing is checked: a ``BadRequest`` says why (a pinned key that is
+    not a key, or not the key the export is signed with; an export naming none and none pinned)."""
     named = export.public_key.lower()
-    key = (public_key or named).lower()
-    problem = None
+    key = check_public_key(public_key) if public_key is not None else named
     if not key:
-        problem = "the export names no public key to check its signatures against: pin one you trust"
-    elif named and named != key:
-        problem = f"the export is signed by key {named}, not by the key you trust ({key})"
-    if problem:
-        return ChainReport(ok=False, entries=0, head=GENESIS_HASH, problem=problem)
+        raise BadRequest("the export names no public key to check its signatures against: pin one you trust")
+    if named and named != key:
+        raise BadRequest(
+            f"key mismatch: the export is signed by key {named}, not by the key you trust ({key}); "
+            "its entries were not checked"
+        )
     return verify_chain(from_export(export), public_key=key)
+
+
+def check_public_key(hex_key: str) -> str:
+    """``hex_key``, lower-cased, if it is an Ed25519 public key; else a ``BadRequest`` saying what one is."""
+    try:
+        if len(bytes.fromhex(hex_key)) == 32:
+            return hex_key.lower()
+    except ValueError:
+        pass
+    raise BadRequest(f"{hex_key!r} is not an Ed25519 public key: a key is 64 hex digits")

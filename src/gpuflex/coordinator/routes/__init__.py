@@ -25,5 +25,11 @@ def errors(*codes: int) -> dict[int | str, dict]:
     return {code: {"model": ErrorBody, "description": _WHY[code]} for code in codes}
 
 
+# A public read (``auth.Public``) needs no credentials: only credentials sent and found bad are a 401.
+PUBLIC_READ = {
+    401: {"model": ErrorBody, "description": "credentials were sent and are bad (none are needed)"}
+}
+
+
 # What any /v1 call may answer: bad bodies, credentials, size and rate limits, a busy database.
 COMMON_ERRORS = errors(400, 401, 403, 413, 422, 429, 503)

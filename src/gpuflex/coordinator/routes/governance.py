@@ -1,11 +1,12 @@
-"""Governance: nodes propose parameter changes and vote with their stake (signed); anyone reads."""
+"""Governance: nodes propose parameter changes and vote with their stake (signed); anyone reads, with
+no credentials."""
 
 import logging
 
 from fastapi import APIRouter
 
-from gpuflex.coordinator.auth import ConsumerOrNode, Ctx, SignedNode
-from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.auth import Ctx, Public, SignedNode
+from gpuflex.coordinator.routes import PUBLIC_READ, errors
 from gpuflex.coordinator.services import governance
 from gpuflex.protocol import messages as m
 
@@ -29,22 +30,22 @@ def vote(proposal_id: str, body: m.VoteCast, node: SignedNode, ctx: Ctx) -> m.Vo
         return governance.vote_info(governance.vote(s, node, proposal_id, body, ctx.now()))
 
 
-@router.get("/proposals")
-def proposals(_caller: ConsumerOrNode, ctx: Ctx) -> list[m.ProposalInfo]:
-    """Every proposal, newest first."""
+@router.get("/proposals", dependencies=[Public], responses=PUBLIC_READ)
+def proposals(ctx: Ctx) -> list[m.ProposalInfo]:
+    """Every proposal, newest first. Public."""
     with ctx.tx() as s:
         return [governance.info(p) for p in governance.proposals(s)]
 
 
-@router.get("/proposals/{proposal_id}")
-def proposal(proposal_id: str, _caller: ConsumerOrNode, ctx: Ctx) -> m.ProposalDetail:
-    """A proposal with its votes and its tally (running while voting is open)."""
+@router.get("/proposals/{proposal_id}", dependencies=[Public], responses=PUBLIC_READ)
+def proposal(proposal_id: str, ctx: Ctx) -> m.ProposalDetail:
+    """A proposal with its votes and its tally (running while voting is open). Public."""
     with ctx.tx() as s:
         return governance.detail(s, governance.get(s, proposal_id), ctx.settings)
 
 
-@router.get("/parameters")
-def parameters(_caller: ConsumerOrNode, ctx: Ctx) -> list[m.ParameterInfo]:
-    """The governable parameters: values in force now, and passed changes still to come."""
+@router.get("/parameters", dependencies=[Public], responses=PUBLIC_READ)
+def parameters(ctx: Ctx) -> list[m.ParameterInfo]:
+    """The governable parameters: values in force now, and passed changes still to come. Public."""
     with ctx.tx() as s:
         return governance.parameters(s, ctx.settings, ctx.now())

@@ -1,12 +1,14 @@
 """What the market offers: every node with its price, measured speed, reliability and hours left,
-picked and sorted by the offer query language (``gpuflex.market.query``); quotes of a job on them."""
+picked and sorted by the offer query language (``gpuflex.market.query``), public like the rest of the
+network's record; quotes of a job on them, for a consumer."""
 
 from typing import Annotated
 
 from fastapi import APIRouter
 from fastapi import Query as Param
 
-from gpuflex.coordinator.auth import Consumer, Ctx
+from gpuflex.coordinator.auth import Consumer, Ctx, Public
+from gpuflex.coordinator.routes import PUBLIC_READ
 from gpuflex.coordinator.services import ledger, market
 from gpuflex.ledger.accounts import consumer
 from gpuflex.market import query
@@ -24,8 +26,13 @@ OrderText = Annotated[
 ]
 
 
-@router.get("/offers", responses={400: {"model": m.ErrorBody, "description": "a bad query or order"}})
-def offers(_account: Consumer, ctx: Ctx, q: QueryText = "", order: OrderText = "") -> list[m.Offer]:
+@router.get(
+    "/offers",
+    dependencies=[Public],
+    responses={400: {"model": m.ErrorBody, "description": "a bad query or order"}, **PUBLIC_READ},
+)
+def offers(ctx: Ctx, q: QueryText = "", order: OrderText = "") -> list[m.Offer]:
+    """The nodes on offer that the query matches, in the order asked. Public."""
     wanted, keys = query.parse(q), query.parse_order(order)
     with ctx.tx() as s:
         listed = market.listing(s, ctx.now(), ctx.liveness(s).interval_s)

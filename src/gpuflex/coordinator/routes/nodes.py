@@ -103,7 +103,7 @@ def stake(body: m.StakeChange, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
 def unstake(body: m.Withdrawal, node: SignedNode, ctx: Ctx) -> m.NodeWallet:
     """Stake back to earnings; refused (409) while the node's work can still be audited."""
     with ctx.tx() as s:
-        stakes.unstake(s, node, to_micro(body.amount), ctx.now())
+        stakes.unstake(s, node, to_micro(body.amount), ctx.now(), audit_window_s=ctx.settings.audit_window_s)
         return stakes.wallet(s, node)
 
 

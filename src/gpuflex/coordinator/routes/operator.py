@@ -1,10 +1,10 @@
-"""The operator's verdicts: slashing a node's stake, with evidence; the record is public to accounts."""
+"""The operator's verdicts: slashing a node's stake, with evidence; the record is public, to anyone."""
 
 from fastapi import APIRouter
 
-from gpuflex.coordinator.auth import Consumer, Ctx, Operator
+from gpuflex.coordinator.auth import Ctx, Operator, Public
 from gpuflex.coordinator.db import Slash
-from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.routes import PUBLIC_READ, errors
 from gpuflex.coordinator.services import stakes
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
@@ -32,8 +32,8 @@ def slash(body: m.SlashRequest, ctx: Ctx) -> m.SlashRecord:
         return _record(stakes.slash(s, body.node_id, amount, body.evidence, ctx.now(), job_id=body.job_id))
 
 
-@router.get("/slashes")
-def slashes(_account: Consumer, ctx: Ctx) -> list[m.SlashRecord]:
-    """Every verdict's penalty, newest first: anyone with an account can see who was slashed and why."""
+@router.get("/slashes", dependencies=[Public], responses=PUBLIC_READ)
+def slashes(ctx: Ctx) -> list[m.SlashRecord]:
+    """Every verdict's penalty, newest first: anyone, with no credentials, sees who was slashed and why."""
     with ctx.tx() as s:
         return [_record(row) for row in stakes.slashes(s)]

@@ -11,7 +11,7 @@ held yet) has its pay withheld at release.
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import AccountBalance, Job, JobEvent
@@ -26,16 +26,27 @@ def held(session: Session, job_id: str) -> dict[str, int]:
     return ledger.balances_under(session, accounts.held_for_job(job_id))
 
 
+def _held_by(node_id: str) -> tuple:
+    """The ``where`` of a node's held accounts that still hold something."""
+    return (
+        AccountBalance.account.startswith(accounts.HELD),
+        AccountBalance.account.endswith(f"/{node_id}"),
+        AccountBalance.balance > 0,
+    )
+
+
 def held_for_node(session: Session, node_id: str) -> int:
     """Everything a node has earned that is still inside an audit window."""
-    rows = session.scalars(
-        select(AccountBalance.balance).where(
-            AccountBalance.account.startswith(accounts.HELD),
-            AccountBalance.account.endswith(f"/{node_id}"),
-            AccountBalance.balance > 0,
-        )
-    )
-    return sum(rows)
+    return sum(session.scalars(select(AccountBalance.balance).where(*_held_by(node_id))))
+
+
+def held_until(session: Session, node_id: str, *, audit_window_s: float) -> float | None:
+    """When the last audit window of the node's held pay ends (None: nothing is held)."""
+    held_accounts = session.scalars(select(AccountBalance.account).where(*_held_by(node_id)))
+    job_ids = [account.removeprefix(accounts.HELD).partition("/")[0] for account in held_accounts]
+    if not job_ids:
+        return None
+    return session.scalar(select(func.max(Job.finished_at)).where(Job.id.in_(job_ids))) + audit_window_s
 
 
 def release_due(session: Session, now: float, *, audit_window_s: float) -> list[str]:

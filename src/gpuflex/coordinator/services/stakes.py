@@ -10,6 +10,8 @@ pay for the job in question. Earnings (``provider:<node>``) can be withdrawn or 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -44,12 +46,17 @@ def stake(session: Session, node: Node, amount_micro: int, source: m.StakeSource
     )
 
 
-def unstake(session: Session, node: Node, amount_micro: int, now: float) -> None:
+def unstake(session: Session, node: Node, amount_micro: int, now: float, *, audit_window_s: float) -> None:
     """Return stake to the node's earnings, once none of its work can still be audited."""
     if session.scalars(select(Lease.id).where(Lease.node_id == node.id, Lease.state == "active")).first():
         raise Conflict("the node holds a lease: its stake backs that work; unstake when it is idle")
-    if payouts.held_for_node(session, node.id):
-        raise Conflict("the node has pay held in an audit window: its stake backs that work until it ends")
+    held_until = payouts.held_until(session, node.id, audit_window_s=audit_window_s)
+    if held_until is not None:
+        ends = datetime.fromtimestamp(held_until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        raise Conflict(
+            f"the node has pay held in an audit window until {ends} ({_from_now(held_until - now)}): "
+            "its stake backs that work until then; unstake after it"
+        )
     if governance.votes_open(session, node.id):
         raise Conflict("the node's stake counts in a vote still open: unstake when the vote closes")
     ledger.append(
@@ -59,6 +66,14 @@ def unstake(session: Session, node: Node, amount_micro: int, now: float) -> None
         postings=[(accounts.stake(node.id), -amount_micro), (accounts.provider(node.id), amount_micro)],
         now=now,
     )
+
+
+def _from_now(seconds: float) -> str:
+    if seconds <= 0:
+        return "over: the pay is released at the next reaper pass"
+    if seconds < 120:
+        return f"in {seconds:.0f} s"
+    return f"in {seconds / 60:.0f} min" if seconds < 7200 else f"in {seconds / 3600:.1f} h"
 
 
 def withdraw(session: Session, node: Node, amount_micro: int, now: float) -> None:

@@ -1,0 +1,70 @@
+"""What a new user reads before running anything — `--help`, the README, the example job's comments —
+says what the code does: the governance rules as the settings set them, the offer query's example
+whole, what the example job needs, the compression methods the spec accepts."""
+
+import re
+from importlib.resources import files
+from pathlib import Path
+from typing import get_args
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gpuflex.cli.main import app
+from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.protocol.spec import CompressionSpec, load_job_spec
+
+README = (Path(__file__).parents[2] / "README.md").read_text()
+EXAMPLE = files("gpuflex.examples") / "char-gpt.yaml"
+DEFAULT = {name: field.default for name, field in CoordinatorSettings.model_fields.items()}
+GOVERNANCE_RULES = [
+    f"{DEFAULT['governance_proposal_stake']:g} credits of stake",
+    f"open {DEFAULT['governance_voting_period_s'] / 3600:g} h",
+    f"at least {DEFAULT['governance_quorum']:.0%} of all stake",
+    "more of it voted yes than no",
+    "must fall after voting closes",
+]
+
+
+def _help(*command: str) -> str:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())  # one line: the rules as a sentence, however it wrapped
+
+
+@pytest.mark.parametrize("command", [("governance",), ("governance", "propose")], ids=" ".join)
+def test_governance_help_states_the_rules_the_settings_set(command):
+    shown = _help(*command)
+    for rule in GOVERNANCE_RULES:
+        assert rule in shown, rule
+
+
+def test_the_readme_states_the_governance_rules():
+    readme = " ".join(README.split())
+    for rule in GOVERNANCE_RULES:
+        assert rule in readme, rule
+
+
+def test_the_offers_help_shows_its_example_query_whole():
+    shown = _help("offers")
+    assert 'region in [eu, us] hours>=24"' in shown
+    assert "[default: online first, cheapest]" in shown
+
+
+def test_the_readme_starts_every_node_the_example_job_needs():
+    workers = load_job_spec(EXAMPLE).resources.workers
+    use_it = README[README.index("## Use it") : README.index("**Submit your own job**")]
+    assert f"its {workers} workers on {workers} community providers" in " ".join(use_it.split())
+    assert "--core" in use_it
+    (names,) = re.findall(r"for name in ([^;]+); do", use_it)
+    assert len(names.split()) == workers
+
+
+def test_the_example_job_lists_the_compression_methods_the_spec_accepts():
+    line = next(line for line in EXAMPLE.read_text().splitlines() if line.strip().startswith("compression:"))
+    listed = line.split("#", 1)[1].split(",")[0]
+    assert [method.strip() for method in listed.split("|")] == list(
+        get_args(CompressionSpec.model_fields["method"].annotation)
+    )
+    assert yaml.safe_load(EXAMPLE.read_text())["training"]["compression"] in listed

@@ -154,3 +154,21 @@ def test_a_bad_coordinator_setting_is_one_line_naming_it(tmp_path, variable, val
     result = _gpuflex("coordinator", "serve", "--data-dir", str(tmp_path), "--port", "9", env=env)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: bad setting: ") and says in result.stderr
+
+
+def _bracketed_helps():
+    for command in ALL_COMMANDS:
+        group = get_command(app)
+        for name in command:
+            group = group.commands[name]
+        for param in group.params:
+            text = (getattr(param, "help", None) or "").replace("\\[", "[")
+            if "[" in text:
+                yield command, text[text.index("[") :]
+
+
+@pytest.mark.parametrize(("command", "bracketed"), list(_bracketed_helps()), ids=lambda v: str(v)[:40])
+def test_option_help_keeps_its_brackets(command, bracketed):
+    """Rich reads "[env X]" as markup and drops it from --help unless it is escaped."""
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "400"}, terminal_width=400)
+    assert bracketed in " ".join(result.output.split()), result.output

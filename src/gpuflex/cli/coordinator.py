@@ -17,10 +17,10 @@ from gpuflex.jsonlog import LogFormat
 coordinator_app = typer.Typer(help="Run the coordinator (the operator's service).", no_args_is_help=True)
 console = Console(stderr=True)
 
-DataDir = Annotated[Path | None, typer.Option(help="database, blobs and keys [env GPUFLEX_DATA_DIR]")]
-DatabaseUrl = Annotated[str | None, typer.Option(help="SQLAlchemy URL [env GPUFLEX_DATABASE_URL]")]
+DataDir = Annotated[Path | None, typer.Option(help="database, blobs and keys \\[env GPUFLEX_DATA_DIR]")]
+DatabaseUrl = Annotated[str | None, typer.Option(help="SQLAlchemy URL \\[env GPUFLEX_DATABASE_URL]")]
 LogFormatOption = Annotated[
-    LogFormat | None, typer.Option(help="text, or json: one object per line [env GPUFLEX_LOG_FORMAT]")
+    LogFormat | None, typer.Option(help="text, or json: one object per line \\[env GPUFLEX_LOG_FORMAT]")
 ]
 
 

@@ -22,8 +22,10 @@ from gpuflex.jsonlog import LogFormat
 
 provider_app = typer.Typer(help="Offer this machine's compute.", no_args_is_help=True)
 
-Name = Annotated[str | None, typer.Option(help="node name shown on the market [default: host name]")]
-DataDir = Annotated[Path | None, typer.Option(help="key and task work dirs [default: ~/.gpuflex/agent/NAME]")]
+Name = Annotated[str | None, typer.Option(help="node name shown on the market \\[default: host name]")]
+DataDir = Annotated[
+    Path | None, typer.Option(help="key and task work dirs \\[default: ~/.gpuflex/agent/NAME]")
+]
 
 
 def _data_dir(data_dir: Path | None, name: str) -> Path:
@@ -47,7 +49,7 @@ def node_client(name: str | None, data_dir: Path | None, url: str | None) -> Nod
 def start(
     price: Annotated[float, typer.Option(help="asking price, credits per hour")] = 0.10,
     name: Name = None,
-    url: Annotated[str | None, typer.Option(help="coordinator URL [env GPUFLEX_URL]")] = None,
+    url: Annotated[str | None, typer.Option(help="coordinator URL \\[env GPUFLEX_URL]")] = None,
     data_dir: DataDir = None,
     core: Annotated[
         bool, typer.Option("--core", help="register as a core node (needs the core token)")
@@ -61,7 +63,7 @@ def start(
         typer.Option(
             min=0,
             max=87_600,
-            help="stay on offer this many hours, then take no new task [default: open-ended]",
+            help="stay on offer this many hours, then take no new task \\[default: open-ended]",
         ),
     ] = None,
     threads: Annotated[int, typer.Option(help="CPU threads a task may use; 0: all")] = 0,
@@ -119,7 +121,7 @@ def start(
 def dashboard(
     name: Name = None,
     data_dir: DataDir = None,
-    url: Annotated[str | None, typer.Option(help="coordinator URL [env GPUFLEX_URL]")] = None,
+    url: Annotated[str | None, typer.Option(help="coordinator URL \\[env GPUFLEX_URL]")] = None,
 ) -> None:
     """Print a short-lived link that signs this node in to its earnings page on the dashboard."""
     from gpuflex.client.http import HttpSession

@@ -35,4 +35,4 @@ def quote(spec: JobSpec, _account: Consumer, ctx: Ctx) -> m.Quote:
     """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
     with ctx.tx() as s:
         interval_s = ctx.liveness(s).interval_s
-        return market.quote(s, spec, ctx.now(), interval_s)
+        return market.quote(s, spec, ctx.settings, ctx.now(), interval_s)

@@ -167,8 +167,18 @@ def _lease_problems(session) -> list[str]:
     for node, held in active_by_node.items():
         if len(held) > 1:
             problems.append(f"node {node} holds {len(held)} live leases: {held}")
+    ended = {
+        job_id for job_id, state in session.execute(select(Job.id, Job.state)) if state not in OPEN_JOB_STATES
+    }
     for task in session.scalars(select(Task)):
         leases = by_task[task.id]
+        # a task that never ran is `unplaced` once its job ended (never `completed`), and only such a task
+        never_ran = task.job_id in ended and not leases
+        if task.state == "unplaced" and not never_ran:
+            why = "it held a lease" if leases else "its job is still open"
+            problems.append(f"task {task.id} is unplaced, but {why}")
+        elif never_ran and task.state != "unplaced":
+            problems.append(f"task {task.id} never ran, yet its job ended with it {task.state}")
         live = [lease for lease in leases if lease.state == "active"]
         if len(live) > 1:
             problems.append(f"task {task.id} has {len(live)} live leases")

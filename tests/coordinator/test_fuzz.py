@@ -53,8 +53,9 @@ class NodeSignature(requests.auth.AuthBase):
 def _sessions(harness) -> dict[str, requests.Session]:
     """One session per kind of caller, each with real credentials on a network that has a job."""
     alice = harness.consumer("alice", deposit=100)
-    alice.submit(JobSpec(name="fuzzed"), alice.upload(b"some text " * 100))
+    alice.submit(JobSpec(name="fuzzed", resources={"workers": 1}), alice.upload(b"some text " * 100))
     core = harness.node("core", core=True)
+    harness.node("worker")  # the job starts only with its aggregator and its worker placed
     grant = core.lease()
     assert grant is not None, "the job's aggregator should be leased to the core node"
     node = harness.node("fuzzer")

@@ -135,6 +135,7 @@ def test_every_call_of_a_batch_hears_back_even_if_counting_an_answer_fails(coord
 def test_a_call_that_fails_its_check_is_refused_with_why_and_never_written(coordinator):
     """Checks run on the writer's checker threads before a call joins a batch; what one raises is that
     call's answer, and the calls that pass are written. Stopping writes what the checkers passed."""
+    coordinator.node("core", core=True)  # the job's aggregator: it starts only with it placed too
     nodes = [coordinator.node(f"c{i}", price=0.1) for i in range(3)]
     _job(coordinator, workers=2)
     writer = LeaseGranter(coordinator.ctx, CoordinatorMetrics(coordinator.ctx))

@@ -1,4 +1,5 @@
-"""Hybrid placement through the real API: a job's core quota, forbidden fallback, and the default."""
+"""Placement through the real API: a job starts only with its min_workers placed, a job's core quota,
+forbidden fallback, the default, and why each waiting task waits."""
 
 import re
 
@@ -10,19 +11,20 @@ from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.services import market
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
-from gpuflex.testing import scratch_postgres_database
+from gpuflex.testing import check_invariants, scratch_postgres_database
 
 from .conftest import running_coordinator
 
-WAITS = "worker 1 waits: no eligible community node is free and the job forbids core fallback"
+WAITS = "worker 1 waits: no eligible community node is free and the job forbids core fallback: "
 
 
-def _network(coordinator, community=1, **resources):
-    """Two free core nodes (the cheaper one takes the aggregator), cheap community nodes, one job."""
+def _network(coordinator, community=1, spare=True, **resources):
+    """Two free core nodes (the cheaper one takes the aggregator; ``spare``: the other), cheap community
+    nodes, one job."""
     alice = coordinator.consumer("alice", deposit=10)
     nodes = {
         "core-agg": coordinator.node("core-agg", core=True, price=0.3),
-        "core-spare": coordinator.node("core-spare", core=True, price=0.4),
+        **({"core-spare": coordinator.node("core-spare", core=True, price=0.4)} if spare else {}),
         **{f"c{i}": coordinator.node(f"c{i}", price=0.1 + i / 100) for i in range(community)},
     }
     spec = JobSpec.model_validate(
@@ -67,19 +69,64 @@ def test_a_replacement_worker_goes_to_community_when_the_quota_is_already_met(co
 
 
 def test_forbidden_fallback_waits_for_a_community_node_and_says_why_once(coordinator):
-    alice, nodes, job = _network(coordinator, core_fallback=False)
+    alice, nodes, job = _network(coordinator, core_fallback=False, min_workers=1)
     nodes["core-agg"].lease()
     assert nodes["core-spare"].lease() is None  # free and eligible, but the job forbids core fallback
     placed = _placed(alice, job, nodes)
     assert placed[("worker", 0)][0] == "c0"
-    assert placed[("worker", 1)] == (None, WAITS.removeprefix("worker 1 "))  # `gpuflex job show` says why
+    name, reason = placed[("worker", 1)]  # `gpuflex job show` says why, node by node
+    assert name is None and reason.startswith("waits: " + WAITS.removeprefix("worker 1 waits: ")), reason
+    assert "core-spare: free, but a core node, and the job forbids core fallback" in reason
+    assert f"c0: busy (placed for job {job.id} as worker 0)" in reason
     for _ in range(3):
         reap_once(coordinator.ctx)  # the reaper places every pass: the reason is told once, not each time
-    assert [e.message for e in alice.logs(job.id)].count(WAITS) == 1
+    assert sum(e.message.startswith(WAITS) for e in alice.logs(job.id)) == 1
     nodes["c1"] = coordinator.node("c1", price=0.2)
     grant = nodes["c1"].lease()
     assert (grant.role, grant.task.worker_index) == ("worker", 1)
     assert _placed(alice, job, nodes)[("worker", 1)][0] == "c1"
+
+
+def test_a_job_places_nothing_until_min_workers_can_start_and_every_task_says_why(coordinator):
+    """Gang placement: 3 workers asked (min_workers defaults to all), 2 community nodes free."""
+    alice, nodes, job = _network(coordinator, community=2, spare=False, workers=3)
+    for _ in range(3):
+        reap_once(coordinator.ctx)
+    detail = alice.job(job.id)
+    why = (
+        "2 of the 3 workers this job needs to start (resources.min_workers) can be placed now (on c0, c1): "
+        "core-agg: kept for this job's aggregator"
+    )
+    assert detail.state == "pending"
+    assert {(t.node_id, t.placement) for t in detail.tasks} == {(None, f"waits: {why}")}
+    told = [e.message for e in alice.logs(job.id) if "wait" in e.message]
+    assert told == [f"aggregator 0 and workers 0, 1, 2 wait: {why}"]
+    assert alice.quote(detail.spec).problems == [why]  # the quote says the same
+    assert nodes["c1"].lease() is None  # nothing is leased while the job cannot start
+    nodes["c2"] = coordinator.node("c2", price=0.2)  # a third node: the whole gang is placed
+    reap_once(coordinator.ctx)
+    placed = _placed(alice, job, nodes)
+    assert sorted(name for name, _ in placed.values()) == ["c0", "c1", "c2", "core-agg"]
+    assert alice.job(job.id).state == "scheduled"
+
+
+def test_min_workers_starts_the_job_and_the_rest_wait_with_their_reason_then_end_unplaced(coordinator):
+    alice, nodes, job = _network(coordinator, community=2, spare=False, workers=3, min_workers=2)
+    grants = [nodes[name].lease() for name in ("core-agg", "c0", "c1")]  # the job started on 2 workers
+    assert [g.role for g in grants] == ["aggregator", "worker", "worker"]
+    for _ in range(2):
+        reap_once(coordinator.ctx)
+    name, reason = _placed(alice, job, nodes)[("worker", 2)]
+    why = "no free node qualifies"
+    assert name is None and reason.startswith(f"waits: {why}: c0: busy (leased to job "), reason
+    assert f"core-agg: busy (leased to job {job.id} as aggregator 0)" in reason
+    assert sum(e.message.startswith(f"worker 2 waits: {why}") for e in alice.logs(job.id)) == 1
+    alice.cancel(job.id)
+    ended = {t.index if t.role == "worker" else -1: t for t in alice.job(job.id).tasks}
+    assert [ended[i].state for i in (-1, 0, 1)] == ["cancelled"] * 3
+    assert ended[2].state == "unplaced"  # it never ran: never `completed` nor `cancelled`
+    assert ended[2].placement == "never placed: " + reason.removeprefix("waits: ")
+    assert check_invariants(coordinator.ctx.settings.database_url) == []
 
 
 def test_by_default_a_worker_falls_back_to_a_core_node(coordinator):

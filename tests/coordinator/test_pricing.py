@@ -66,8 +66,42 @@ def test_a_quote_that_cannot_be_placed_says_why(coordinator):
     coordinator.node("dear", price=0.9)
     q = alice.quote(_spec())
     assert not q.placeable and q.cost is None
-    assert q.problems[0] == "no free core node qualifies for the aggregator (price cap and region)"
-    assert any("price 0.90/h > max 0.50/h" in p for p in q.problems)
+    assert q.problems == [
+        "no core node can host the aggregator, and 0 of the 2 workers this job needs to start "
+        "(resources.min_workers) can be placed now: aggregator: no core node is online; "
+        "workers: dear: price 0.90/h > max 0.50/h"
+    ]
+
+
+def test_a_quote_names_each_candidate_node_and_the_real_reason_it_cannot_take_a_task(coordinator, tmp_path):
+    alice = coordinator.consumer("alice", deposit=5)
+    core, busy = coordinator.node("core-1", core=True, price=0.3), coordinator.node("c-busy", price=0.1)
+    first = alice.submit(_spec(resources={"workers": 1}), alice.upload(b"corpus " * 2000))
+    assert core.lease().role == "aggregator" and busy.lease().role == "worker"
+    for name, price in (("c0", 0.11), ("c1", 0.12)):
+        coordinator.node(name, price=price)
+    # the only core node is busy: neither the price cap nor the region is the reason
+    why = f"no core node can host the aggregator: core-1: busy (leased to job {first.id} as aggregator 0)"
+    assert alice.quote(_spec()).problems == [why]
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text("name: t\nresources: {workers: 2}\nmax_price_per_hour: 0.5\n")
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    flags = ["--url", coordinator.url, "--token", token]
+    result = CliRunner().invoke(app, ["quote", str(spec_file), *flags])
+    assert result.exit_code == 1 and why in " ".join(result.output.split()), result.output
+    # workers too, each candidate with its first reason: busy, stake, region, price
+    coordinator.ctx.settings.min_stake = 1.0
+    busy.stake(1.0)
+    coordinator.node("c-far", price=0.13, region="far").stake(1.0)
+    coordinator.node("c-dear", price=0.9).stake(1.0)
+    q = alice.quote(_spec(resources={"workers": 2, "region": "local"}))
+    assert q.problems == [
+        "no core node can host the aggregator, and 0 of the 2 workers this job needs to start "
+        f"(resources.min_workers) can be placed now: aggregator: {why.split(': ', 1)[1]}; workers: "
+        f"c-busy: busy (leased to job {first.id} as worker 0), c0: stake 0 < min_stake 1 credits, "
+        "c1: stake 0 < min_stake 1 credits, c-far: region far != local, "
+        f"core-1: busy (leased to job {first.id} as aggregator 0), c-dear: price 0.90/h > max 0.50/h"
+    ]
 
 
 def test_bad_quote_requests_are_4xx_with_a_message(coordinator):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import re
 import signal
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from gpuflex.client import Client
 from gpuflex.ledger import accounts
@@ -12,7 +17,7 @@ from gpuflex.ledger.export import from_export
 from gpuflex.ledger.journal import balances, verify_chain
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.protocol.spec import JobSpec
-from gpuflex.testing import small_job, wait_for, write_corpus
+from gpuflex.testing import check_invariants, small_job, wait_for, write_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -169,3 +174,68 @@ def test_a_peer_that_frames_an_honest_provider_is_convicted_by_the_core_node_and
         assert all(t.node_id != framer.key.node_id for t in job.tasks), job.tasks  # barred
         assert framer.wallet().slashed == pytest.approx(1.0)
         _check_money(client, job_id)
+
+
+def test_a_job_starts_only_with_min_workers_placed_and_every_worker_left_out_says_why(tmp_path):
+    """3 workers asked, 2 community nodes: with min_workers 3 (the default) the job waits and says why;
+    with min_workers 2 it runs on 2, and the third says why it waits and ends `unplaced`."""
+    write_corpus(tmp_path / "data")
+    spec = small_job(tmp_path / "data", workers=3, rounds=3).model_dump(mode="json")
+    with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
+        client = _start(net, community=2)
+        token = client.http._http.headers["Authorization"].removeprefix("Bearer ")
+
+        def gpuflex(*args: str) -> str:
+            command = [sys.executable, "-m", "gpuflex", *args, "--url", net.url, "--token", token]
+            done = subprocess.run(
+                command, capture_output=True, text=True, env={**os.environ, "COLUMNS": "1000"}
+            )
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        def submit(min_workers: int | None) -> tuple[str, str]:
+            (path := tmp_path / f"job-{min_workers}.yaml").write_text(
+                yaml.safe_dump({**spec, "resources": {**spec["resources"], "min_workers": min_workers}})
+            )
+            out = gpuflex("submit", str(path))
+            return re.search(r"submitted job (j-\w+)", out)[1], " ".join(out.split())
+
+        waiting, out = submit(None)
+        # the 2 nodes in rank order: their real benchmarks decide it
+        why = re.search(
+            r"2 of the 3 workers this job needs to start \(resources\.min_workers\) can be placed now "
+            r"\(on (c0, c1|c1, c0)\)",
+            out,
+        )
+        assert (
+            why
+            and f"the job waits: it cannot start now {why[0]}: core: kept for this job's aggregator" in out
+        )
+        told = f"aggregator 0 and workers 0, 1, 2 wait: {why[0]}"
+        wait_for(lambda: told in gpuflex("job", "logs", waiting), 30, "the job's log to say why it waits")
+        assert (
+            gpuflex("job", "show", waiting).count(f"waits: {why[0]}") == 4
+        )  # every task, the aggregator too
+        assert client.job(waiting).state == "pending" and not any(t.epoch for t in client.job(waiting).tasks)
+        client.cancel(waiting)
+
+        running, out = submit(2)
+        assert "the job starts on fewer workers than it asks for" in out, out
+        assert "1 of the 3 workers would wait, and join when a node frees: no free node qualifies" in out
+        job = wait_for(lambda: (j := client.job(running)).state in TERMINAL and j, 240, "the job to end")
+        events = [e.message for e in client.logs(running)]
+        assert job.state == "completed", events[-10:]
+        left_out = next(t for t in job.tasks if t.role == "worker" and t.index == 2)
+        assert (left_out.state, left_out.epoch) == ("unplaced", 0)  # never `completed`: it never ran
+        assert left_out.placement.startswith("never placed: no free node qualifies: c"), left_out.placement
+        for held in ("worker 0", "worker 1", "aggregator 0"):
+            assert f"busy (leased to job {running} as {held})" in left_out.placement
+        assert sum(e.startswith("worker 2 waits: no free node qualifies") for e in events) == 1, events
+        shown = gpuflex("job", "show", running)
+        assert (
+            re.search(r"worker 2 +│ unplaced +│ - ", shown)
+            and "never placed: no free node qualifies" in shown
+        )
+        assert max(r.contributions for r in job.rounds_log) == 2  # the job ran on the 2 it could place
+        assert check_invariants(net.database) == []
+        _check_money(client, running)

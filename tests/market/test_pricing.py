@@ -14,8 +14,8 @@ from gpuflex.market.pricing import (
     parameter_count,
     place_auction,
     place_replacement,
-    quote,
 )
+from gpuflex.market.quotes import quote
 from gpuflex.protocol.spec import parse_job_spec
 
 
@@ -284,13 +284,12 @@ def test_shirking_pays_in_every_round_of_a_job_that_audits_nothing():
         assert q.shirking_pays_rounds == 100 and q.slash_to_deter is None
 
 
-def test_a_job_that_cannot_be_placed_says_why():
+def test_a_job_that_cannot_be_placed_says_why_node_by_node():
     offers = [offer("a", price=0.9), offer("b", price=0.1, region="us")]
     q = quote(spec(resources={"workers": 2, "region": "eu"}), offers)
     assert not q.placeable and q.cost is None and q.duration_s is None
     assert q.problems == (
-        "no free core node qualifies for the aggregator (price cap and region)",
-        "0 of 2 workers can be placed on the free nodes",
-        "box-a (a): price 0.90/h > max 0.50/h",
-        "box-b (b): region us != eu",
+        "no core node can host the aggregator, and 0 of the 2 workers this job needs to start "
+        "(resources.min_workers) can be placed now: aggregator: no core node is online; "
+        "workers: box-b: region us != eu, box-a: price 0.90/h > max 0.50/h",
     )

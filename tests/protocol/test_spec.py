@@ -45,12 +45,24 @@ def test_the_core_quota_cannot_exceed_the_workers():
     )
 
 
+def test_min_workers_defaults_to_all_the_workers_and_never_exceeds_them():
+    assert job_spec_from_yaml("name: x\nresources: {workers: 3}").resources.min_workers is None  # all 3
+    assert job_spec_from_yaml("name: x\nresources: {workers: 3, min_workers: 2}").resources.min_workers == 2
+    with pytest.raises(SpecError) as err:
+        job_spec_from_yaml("name: x\nresources: {workers: 2, min_workers: 3}")
+    assert err.value.message == (
+        "invalid job spec: resources.min_workers: Value error, min_workers (3) must be at most workers (2)"
+    )
+
+
 @pytest.mark.parametrize(
     ("yaml_text", "named"),
     [
         ("name: x\ntraining: {roundz: 3}", "training.roundz: unknown field"),
         ("name: x\nresources: {workers: 0}", "resources.workers"),
         ("name: x\nresources: {min_core_workers: -1}", "resources.min_core_workers"),
+        ("name: x\nresources: {min_workers: 0}", "resources.min_workers: Input should be greater than"),
+        ("name: x\nresources: {workers: 0, min_workers: 1}", "resources.workers"),
         ("name: x\nresources: {core_fallback: maybe}", "resources.core_fallback"),
         ("name: x\ntraining: {compression: zip}", "training.compression"),
         ("name: x\nbudget: -1", "budget"),

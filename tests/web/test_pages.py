@@ -10,6 +10,7 @@ from sqlalchemy import update
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import JournalEntry
 from gpuflex.coordinator.web.stats import ddp_bytes
+from gpuflex.protocol.spec import JobSpec
 
 from .helpers import MODEL_PARAMS, text_of
 
@@ -220,3 +221,23 @@ def test_a_settled_job_shows_what_each_provider_was_paid_and_stops_refreshing(we
     job_page = web.sign_in(running_job.alice_token).get(f"/dashboard/jobs/{running_job.job_id}").text
     assert 'class="badge cancelled"' in job_page and 'data-refresh-ms="0"' in job_page
     assert "open" not in text_of(job_page, "job-rounds")
+
+
+def test_the_job_page_shows_why_a_worker_waits_and_that_it_never_ran(web):
+    alice, token = web.consumer("alice", deposit=10)
+    nodes = [web.node("core-1", core=True, price=0.4), *(web.node(f"box-{i}", price=0.1) for i in range(2))]
+    spec = JobSpec.model_validate(
+        {"name": "short", "resources": {"workers": 3, "min_workers": 2}, "training": {"rounds": 5}}
+    )
+    job = alice.submit(spec, alice.upload(b"corpus " * 2000))
+    assert all(node.lease() for node in nodes)  # the aggregator and 2 of the 3 workers: the job runs
+
+    def tasks() -> str:
+        html = web.sign_in(token).get(f"/dashboard/jobs/{job.id}").text
+        return " ".join(re.sub(r"<[^>]+>", " ", text_of(html, "job-tasks")).split())
+
+    reap_once(web.ctx)
+    assert "worker 2 pending not placed waits: no free node qualifies: box-" in tasks()
+    assert f"busy (leased to job {job.id} as worker 0)" in tasks()
+    alice.cancel(job.id)
+    assert "worker 2 unplaced not placed never placed: no free node qualifies: box-" in tasks()

@@ -47,13 +47,39 @@ def submit(
     url: Url = None,
     token: Token = None,
 ) -> None:
-    """Submit a job from a YAML spec; its budget moves into escrow."""
+    """Submit a job from a YAML spec; its budget moves into escrow. It starts once its aggregator and
+    resources.min_workers workers (default: all) can be placed together; until then it waits, and
+    this says why."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
-    job = client.submit(spec, **upload_inputs(client, spec))
+    inputs = upload_inputs(client, spec)
+    unplaced = _unplaced(client, spec)  # before submitting: what the job's first placement will find
+    job = client.submit(spec, **inputs)
     console.print(f"submitted job [bold]{job.id}[/] ({job.name}); budget {job.budget:.2f} credits in escrow")
+    if unplaced:
+        console.print(unplaced[0], style="yellow", highlight=False)
+        for why in unplaced[1:]:
+            console.print(f"  {why}", highlight=False)
+        console.print(f"`gpuflex job show {job.id}` says why each task waits", highlight=False)
     if watch:
         _summary(watch_job(client, job.id, console))
+
+
+def _unplaced(client: Client, spec: JobSpec) -> list[str]:
+    """What the market could not place of ``spec`` now, from a quote (nothing spent): a headline, then
+    why, node by node; empty when it can place everything."""
+    try:
+        q = client.quote(spec)
+    except BadRequest:  # a user recipe without round_seconds is not quoted; `job show` tells placement
+        return []
+    if not q.placeable:
+        return ["the job waits: it cannot start now", *q.problems]
+    if q.waiting:
+        return [
+            "the job starts on fewer workers than it asks for; the others join as nodes free up",
+            *q.waiting,
+        ]
+    return []
 
 
 def quote(
@@ -70,6 +96,8 @@ def quote(
             console.print(f"  {problem}", highlight=False)
         raise typer.Exit(1)
     console.print(_quote_nodes(q))
+    for waiting in q.waiting:
+        console.print(waiting, style="yellow", highlight=False)
     span = f"{_duration(q.duration_low_s)}–{_duration(q.duration_high_s)}"
     console.print(
         f"duration ≈ {_duration(q.duration_s)} ({span})\n"
@@ -147,7 +175,7 @@ def show(job_id: JobId, url: Url = None, token: Token = None) -> None:
     _summary(job)
     clearing = "" if job.clearing_price is None else f"; clearing price {job.clearing_price:.3f} credits/h"
     console.print(f"pricing: {job.spec.pricing}{clearing}", highlight=False)
-    tasks = Table("task", "role", "state", "node", "epoch", "why this node", title="tasks")
+    tasks = Table("task", "role", "state", "node", "epoch", "why this node, or why none", title="tasks")
     for t in job.tasks:
         tasks.add_row(t.id, f"{t.role} {t.index}", t.state, t.node_id or "-", str(t.epoch), t.placement)
     rounds = Table("round", "val loss", "train loss", "contributions", title="rounds")

@@ -15,8 +15,13 @@ coordinator and the simulator run the same code.
 - ``query``     the offer query language (``vram>=16 price<=0.5 region in [eu, us]``) and sort
                 orders (``price,-reliability``); bad input raises ``QueryError`` with a caret line
 - ``pricing``   what nodes are paid: fixed asks, or a sealed-bid reverse auction for the workers
-                (k lowest asks win, all paid the (k+1)-th ask: truthful); quotes of a job's cost
-                and duration from the offers' benchmarks, with a range
+                (k lowest asks win, all paid the (k+1)-th ask: truthful); how long a round takes
+- ``placement`` ``place_job``: one job's tasks onto free offers as one decision, a job that has not
+                started as a gang of its aggregator and ``min_workers`` workers or nothing
+- ``waiting``   why a job's tasks wait, node by node (busy, barred, short of stake, the first
+                requirement a node fails), in one line at any fleet size
+- ``quotes``    what a job would cost and take now, from the offers' benchmarks, with a range; or why
+                it cannot be placed
 """
 
 from gpuflex.market.matching import (
@@ -29,7 +34,8 @@ from gpuflex.market.matching import (
     place_workers,
     unmet,
 )
-from gpuflex.market.pricing import Ask, Clearing, Quote, QuoteNode, clear_auction, quote
+from gpuflex.market.pricing import Ask, Clearing, clear_auction
+from gpuflex.market.quotes import Quote, QuoteNode, quote
 
 __all__ = [
     "Ask",

@@ -7,26 +7,38 @@ each requirement's column as an array in that order: a query is a few vectorized
 of what qualifies, and the first qualifying offers of each kind in rank order — no sort, no loop over
 offers in Python. Accelerator names (substring matches) and regions are checked once per distinct
 value, not once per offer. It chooses exactly what ``place_workers`` chooses, reasons included (a
-property test holds it to that); one offer per node.
+property test holds it to that); one offer per node. It also says, in the same few comparisons, why
+each offer cannot take a task (``reasons``): ``market.waiting`` tells a waiting job that, node by node.
 
 Pure, like ``matching``: the coordinator builds one per placement pass, the simulator may keep one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
 from gpuflex.errors import BadRequest
 from gpuflex.market.matching import (
+    AGGREGATOR_CHECKS,
+    WORKER_CHECKS,
+    Check,
     NodeOffer,
     Ranked,
     Requirements,
     WorkerPlacement,
     _accelerator,
+    _available,
+    _price,
+    _region,
+    _tflops,
+    _vram,
     worker_rank,
 )
+
+# ``reasons``' codes besides a failed check's (``FAILS + i``: the role's i-th check of ``matching``)
+NOT_CANDIDATE, FITS, HELD, FAILS = -1, 0, 1, 2
 
 
 class OfferIndex:
@@ -61,26 +73,61 @@ class OfferIndex:
     def set_busy(self, node_ids: Iterable[str], busy: bool = True) -> None:
         """Keep the nodes that run or were given a task out of every query (kept in sync by the holder,
         so a query pays only for the few nodes its own ``exclude`` adds)."""
-        self.free[self._positions(node_ids)] = not busy
+        self.free[self.positions(node_ids)] = not busy
 
-    def _positions(self, node_ids: Iterable[str]) -> np.ndarray:
+    def positions(self, node_ids: Iterable[str]) -> np.ndarray:
+        """The places of these nodes' offers in rank order (nodes without an offer are left out)."""
         return np.asarray([self.position[n] for n in node_ids if n in self.position], dtype=np.intp)
+
+    def failing(self, req: Requirements, check: Check) -> np.ndarray | None:
+        """Which offers, in rank order, one of ``matching``'s checks finds a reason against (None: none)."""
+        if check is _available:
+            return ~self.available
+        if check is _price:
+            return ~(self.price <= req.max_price_per_hour)  # written so that NaN fails too
+        if check is _vram:
+            return ~(self.vram >= req.min_vram_gb)
+        if check is _tflops:
+            return ~(self.tflops >= req.min_tflops)
+        if check is _region:
+            if req.region is None:
+                return None
+            wanted = req.region.casefold()
+            return ~_table(len(self.regions), [i for i, r in enumerate(self.regions) if r == wanted])[
+                self.region
+            ]
+        if check is _accelerator:
+            if not req.accelerators:
+                return None
+            fits = [i for i, gpus in enumerate(self.gpu_sets) if _fits_gpus(gpus, req)]
+            return ~_table(len(self.gpu_sets), fits)[self.gpus]
+        raise ValueError(f"the index has no column for check {check.__name__}")
 
     def qualifying(self, req: Requirements, exclude: set[str]) -> np.ndarray:
         """Which offers, in rank order, may host a worker of ``req`` (``matching.unmet`` is empty) and
         are neither busy nor in ``exclude``."""
-        ok = self.free & self.available & (self.price <= req.max_price_per_hour)
-        ok &= (self.vram >= req.min_vram_gb) & (self.tflops >= req.min_tflops)
-        if req.region is not None:
-            wanted = req.region.casefold()
-            ok &= _table(len(self.regions), [i for i, r in enumerate(self.regions) if r == wanted])[
-                self.region
-            ]
-        if req.accelerators:
-            fits = [i for i, gpus in enumerate(self.gpu_sets) if _fits_gpus(gpus, req)]
-            ok &= _table(len(self.gpu_sets), fits)[self.gpus]
-        ok[self._positions(exclude)] = False
+        ok = self.free.copy()
+        for check in WORKER_CHECKS:
+            if (fails := self.failing(req, check)) is not None:
+                ok &= ~fails
+        ok[self.positions(exclude)] = False
         return ok
+
+    def reasons(self, req: Requirements, *, aggregator: bool, held: Iterable[str]) -> np.ndarray:
+        """Per offer in rank order, why it cannot take a worker of ``req`` (``aggregator``: host its
+        aggregator) now: ``HELD`` (busy here or in ``held``), else ``FAILS + i`` for the first of the
+        role's checks (``matching.WORKER_CHECKS`` or ``AGGREGATOR_CHECKS``) it fails, else ``FITS``;
+        ``NOT_CANDIDATE`` for a community node asked for an aggregator."""
+        checks: Sequence[Check] = AGGREGATOR_CHECKS if aggregator else WORKER_CHECKS
+        code = np.full(len(self.offers), FITS, dtype=np.int8)
+        for i in reversed(range(len(checks))):  # the first failing check is the one told
+            if (fails := self.failing(req, checks[i])) is not None:
+                code[fails] = FAILS + i
+        code[~self.free] = HELD
+        code[self.positions(held)] = HELD
+        if aggregator:
+            code[~self.core] = NOT_CANDIDATE
+        return code
 
     def place_workers(
         self, req: Requirements, *, count: int, exclude: set[str], core_already: int = 0

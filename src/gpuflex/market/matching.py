@@ -52,6 +52,12 @@ class Requirements:
     max_price_per_hour: float
     min_core_workers: int = 0  # of all the job's workers, at least this many on core nodes
     core_fallback: bool = True  # workers beyond that quota may use core nodes when community is short
+    min_workers: int | None = None  # the job starts once this many can be placed together; None: all
+
+    @property
+    def start_workers(self) -> int:
+        """How many workers must be placed together before the job starts (``resources.min_workers``)."""
+        return self.workers if self.min_workers is None else self.min_workers
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> Requirements:
@@ -65,6 +71,7 @@ class Requirements:
             max_price_per_hour=spec.max_price_per_hour,
             min_core_workers=r.min_core_workers,
             core_fallback=r.core_fallback,
+            min_workers=r.min_workers,
         )
 
 
@@ -132,23 +139,32 @@ def _available(offer: NodeOffer, req: Requirements) -> str | None:
 
 
 Check = Callable[[NodeOffer, Requirements], str | None]
-_WORKER_CHECKS: tuple[Check, ...] = (_available, _price, _vram, _tflops, _accelerator, _region)
-_AGGREGATOR_CHECKS: tuple[Check, ...] = (_available, _price, _region)
+WORKER_CHECKS: tuple[Check, ...] = (_available, _price, _vram, _tflops, _accelerator, _region)
+AGGREGATOR_CHECKS: tuple[Check, ...] = (_available, _price, _region)
+# what nodes that fail a check are called when they are too many to name (``market.waiting``)
+CHECK_KINDS: dict[Check, str] = {
+    _available: "offered hours ran out",
+    _price: "price above the cap",
+    _vram: "too little VRAM",
+    _tflops: "too few TFLOPS",
+    _accelerator: "no GPU asked for",
+    _region: "in another region",
+}
 
 
 def unmet(offer: NodeOffer, req: Requirements) -> list[str]:
     """Why ``offer`` cannot host a worker of this job; empty when it qualifies."""
-    return [reason for check in _WORKER_CHECKS if (reason := check(offer, req))]
+    return [reason for check in WORKER_CHECKS if (reason := check(offer, req))]
 
 
 def qualifies(offer: NodeOffer, req: Requirements) -> bool:
     """Whether ``offer`` may host a worker of this job: ``unmet`` is empty (stops at the first reason)."""
-    return _passes(offer, req, _WORKER_CHECKS)
+    return _passes(offer, req, WORKER_CHECKS)
 
 
 def can_aggregate(offer: NodeOffer, req: Requirements) -> bool:
     """Whether ``offer`` may host this job's aggregator: a core node within the price cap and region."""
-    return offer.kind == "core" and _passes(offer, req, _AGGREGATOR_CHECKS)
+    return offer.kind == "core" and _passes(offer, req, AGGREGATOR_CHECKS)
 
 
 def _passes(offer: NodeOffer, req: Requirements, checks: tuple[Check, ...]) -> bool:

@@ -1,4 +1,5 @@
-"""Pricing: what a job will pay its nodes (fixed asks or a sealed-bid reverse auction), and quotes.
+"""Pricing: what a job will pay its nodes (fixed asks or a sealed-bid reverse auction), and what its
+rounds take (the model behind ``market.quotes``).
 
 **Modes** (``pricing`` in the job spec). ``fixed``: every node is paid its own asking price.
 ``auction``: a sealed-bid reverse auction for the job's k workers. The job posts its maximum
@@ -23,10 +24,9 @@ bid too only when too few community nodes qualify and the job allows core fallba
 (``min_core_workers``) does not combine with an auction (the spec refuses it). The aggregator is
 never auctioned: it is paid its own core price.
 
-**Quotes** (``quote``) estimate, before anything is spent, what a job will cost and how long it
-will take, from the current offers and their benchmarked TFLOPS, and name the nodes assumed.
-Duration is ``rounds x (compute + exchange)`` per round (see ``quote`` for the range's rule). A quote
-also says in how many rounds shirking would pay a worker in expectation (``shirking_pays_rounds``).
+**Time and pay** of a round: ``step_seconds`` from a node's benchmark and the model's size,
+``round_seconds`` with the exchange, and in how many rounds shirking would pay a worker in
+expectation (``shirking_pays_rounds``); quotes (``market.quotes``) are built on them.
 
 Pure functions over frozen values, like ``matching``.
 """
@@ -34,7 +34,7 @@ Pure functions over frozen values, like ``matching``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -45,12 +45,10 @@ from gpuflex.market.matching import (
     Requirements,
     WorkerPlacement,
     cost_per_useful_tflop,
-    place_aggregator,
     place_workers,
     qualifies,
-    unmet,
 )
-from gpuflex.protocol.spec import JobSpec, TrainingSpec, VerificationSpec
+from gpuflex.protocol.spec import TrainingSpec, VerificationSpec
 
 Price = TypeVar("Price", int, float)  # credits per hour, or micro-credits per hour
 
@@ -128,20 +126,23 @@ def auction_pool(req: Requirements, offers: Iterable[NodeOffer], exclude: set[st
 
 
 def place_auction(
-    req: Requirements, offers: Iterable[NodeOffer], *, count: int, exclude: set[str]
+    req: Requirements, offers: Iterable[NodeOffer], *, count: int, exclude: set[str], least: int | None = None
 ) -> tuple[WorkerPlacement, float | None]:
-    """Auction ``count`` workers: the winners with their reasons and the clearing price; when the
-    auction cannot clear, no choices, no price and why the workers wait."""
+    """Auction ``count`` workers, or as many as there are eligible asks if that is at least ``least``
+    (a job's ``min_workers``; default ``count``): the winners with their reasons and the clearing price;
+    when the auction cannot clear, no choices, no price and why the workers wait."""
     pool = auction_pool(req, offers, exclude)
     asks = [Ask(o.node_id, o.price_per_hour, cost_per_useful_tflop(o)) for o in pool]
-    clearing = clear_auction(asks, count, req.max_price_per_hour)
+    eligible = sum(a.price <= req.max_price_per_hour for a in asks)
+    k = count if least is None or eligible >= count else max(eligible, least)
+    clearing = clear_auction(asks, k, req.max_price_per_hour)
     if clearing.price is None:
         return WorkerPlacement((), clearing.short), None
     choices = tuple(
         Choice(
             a.node_id,
             f"won the auction at ask {a.price:.3f}, clearing price {clearing.price:.3f} credits/h "
-            f"({count} lowest of {clearing.eligible} eligible asks)",
+            f"({k} lowest of {clearing.eligible} eligible asks)",
         )
         for a in clearing.winners
     )
@@ -207,154 +208,6 @@ def bytes_per_value(training: TrainingSpec) -> float:
     return c.density * (_BYTES_PER_VALUE[c.values] + index_bytes)
 
 
-# -- quotes ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QuoteNode:
-    node_id: str
-    name: str
-    kind: str
-    role: str  # aggregator | worker
-    ask: float  # the node's own price, credits per hour
-    paid: float  # what it would be paid per hour: its ask, or the auction's clearing price
-    tflops: float
-    seconds_per_step: float | None  # at the expected efficiency; None for the aggregator
-
-
-@dataclass(frozen=True)
-class Quote:
-    """What a job would cost and take if submitted now (seconds, credits), or why it cannot be placed."""
-
-    pricing: str
-    placeable: bool
-    problems: tuple[str, ...] = ()
-    nodes: tuple[QuoteNode, ...] = ()
-    clearing_price: float | None = None
-    duration_s: float | None = None
-    duration_low_s: float | None = None
-    duration_high_s: float | None = None
-    cost: float | None = None
-    cost_low: float | None = None
-    cost_high: float | None = None
-    budget: float = 0.0
-    budget_lasts_s: float | None = None  # set when the budget runs out before the expected duration
-    shirking_pays_rounds: int | None = None  # see ``shirking_pays_rounds``
-    slash_to_deter: float | None = None  # the slash that deters shirking from round 1 (None: no audits)
-    assumptions: tuple[str, ...] = ()
-
-
-def quote(spec: JobSpec, offers: Sequence[NodeOffer]) -> Quote:
-    """Estimate a job's duration and cost on ``offers`` (the free online nodes), placing it as the
-    market would: the aggregator first, then the workers (by rank, or by auction).
-
-    Per round: compute, then the exchange. Compute is ``inner_steps`` steps on the slowest chosen
-    worker (rounds wait for the quorum), a step being 6 x parameters x tokens FLOPs at the node's
-    TFLOPS x ``EFFICIENCY`` (÷ ``local_devices``); a time-budgeted job (``round_seconds``) stops a
-    round at that budget, so compute is the smaller of the two. The exchange is one upload and one
-    download of the compressed update over ``LINK_BYTES_PER_S`` plus ``ROUND_OVERHEAD_S``; with
-    ``overlap`` it hides behind compute. Cost = Σ paid price x duration, aggregator included,
-    capped by the budget.
-
-    The range: low = every worker at ``EFFICIENCY_HIGH``; high = ``EFFICIENCY_LOW``, plus
-    ``REPLACEMENTS`` worker(s) lost and replaced by the slowest eligible node left over (in fixed
-    pricing, paid as the priciest one left over), each loss costing one extra round.
-    """
-    req = Requirements.from_spec(spec)
-    if parameter_count(spec.training) is None and spec.training.round_seconds is None:
-        raise BadRequest(
-            "a user recipe's model size is unknown, so its step time is too: "
-            "set training.round_seconds to quote a time-budgeted job"
-        )
-    aggregator = place_aggregator(req, offers, exclude=set())
-    taken = {aggregator.node_id} if aggregator else set()
-    if spec.pricing == "auction":
-        placement, clearing = place_auction(req, offers, count=req.workers, exclude=taken)
-    else:
-        placement, clearing = place_workers(req, offers, count=req.workers, exclude=taken), None
-    problems = _problems(req, offers, aggregator, placement)
-    if problems:
-        return Quote(spec.pricing, False, problems=problems, budget=spec.budget)
-    by_id = {o.node_id: o for o in offers}
-    workers = [by_id[c.node_id] for c in placement.choices]
-    return _estimate(
-        spec, by_id[aggregator.node_id], workers, _spares(req, offers, placement, taken, clearing), clearing
-    )
-
-
-def _spares(
-    req: Requirements,
-    offers: Sequence[NodeOffer],
-    placement: WorkerPlacement,
-    taken: set[str],
-    clearing: float | None,
-) -> list[NodeOffer]:
-    """Eligible nodes the job did not take: where a replacement could land (asking at most the
-    clearing price, in an auction)."""
-    chosen = taken | {c.node_id for c in placement.choices}
-    cap = req.max_price_per_hour if clearing is None else clearing
-    return [o for o in offers if o.node_id not in chosen and not unmet(o, req) and o.price_per_hour <= cap]
-
-
-def _estimate(
-    spec: JobSpec, agg: NodeOffer, workers: list[NodeOffer], spares: list[NodeOffer], clearing: float | None
-) -> Quote:
-    training = spec.training
-    params = parameter_count(training)
-
-    def step_s(o: NodeOffer, efficiency: float) -> float | None:
-        return step_seconds(training, o.tflops, efficiency)
-
-    def duration(slowest: NodeOffer, efficiency: float, extra_rounds: int) -> float:
-        return (training.rounds + extra_rounds) * round_seconds(training, step_s(slowest, efficiency), params)
-
-    def paid(o: NodeOffer) -> float:
-        return o.price_per_hour if clearing is None else clearing
-
-    rate = agg.price_per_hour + sum(paid(w) for w in workers)  # credits per hour
-    pricier = max((paid(o) for o in spares), default=0.0) - min(paid(w) for w in workers)
-    rate_high = rate + max(pricier, 0.0)
-    slowest = min(workers, key=lambda o: o.tflops)
-    expected = duration(slowest, EFFICIENCY, 0)
-    round_pay = max(paid(w) for w in workers) * expected / training.rounds / 3600  # the best-paid worker's
-    low = duration(slowest, EFFICIENCY_HIGH, 0)
-    high = duration(min([*workers, *spares], key=lambda o: o.tflops), EFFICIENCY_LOW, REPLACEMENTS)
-    budget_lasts = spec.budget / rate * 3600 if rate > 0 else math.inf
-    agg_node = QuoteNode(
-        agg.node_id,
-        agg.name,
-        agg.kind,
-        "aggregator",
-        agg.price_per_hour,
-        paid=agg.price_per_hour,
-        tflops=agg.tflops,
-        seconds_per_step=None,
-    )
-    worker_nodes = [
-        QuoteNode(
-            w.node_id, w.name, w.kind, "worker", w.price_per_hour, paid(w), w.tflops, step_s(w, EFFICIENCY)
-        )
-        for w in workers
-    ]
-    return Quote(
-        pricing=spec.pricing,
-        placeable=True,
-        nodes=(agg_node, *worker_nodes),
-        clearing_price=clearing,
-        duration_s=expected,
-        duration_low_s=low,
-        duration_high_s=high,
-        cost=min(spec.budget, rate * expected / 3600),
-        cost_low=min(spec.budget, rate * low / 3600),
-        cost_high=min(spec.budget, rate_high * high / 3600),
-        budget=spec.budget,
-        budget_lasts_s=budget_lasts if budget_lasts < expected else None,
-        shirking_pays_rounds=shirking_pays_rounds(training, round_pay),
-        slash_to_deter=slash_to_deter(training.verification, round_pay),
-        assumptions=_assumptions(params, training),
-    )
-
-
 def shirking_pays_rounds(training: TrainingSpec, round_pay: float) -> int:
     """In how many rounds, from its first in the job, a worker paid ``round_pay`` a round gains more than
     it risks, in expectation, by skipping part of its work.
@@ -411,29 +264,3 @@ def round_seconds(
 def lease_price(role: str, own: Price, clearing: Price | None) -> Price:
     """What a lease is metered at: the node's own price, or its job's auction clearing price for a worker."""
     return clearing if role == "worker" and clearing is not None else own
-
-
-def _problems(
-    req: Requirements, offers: Sequence[NodeOffer], aggregator: Choice | None, placement: WorkerPlacement
-) -> tuple[str, ...]:
-    """Why the job cannot be placed now: empty when it can."""
-    problems = []
-    if aggregator is None:
-        problems.append("no free core node qualifies for the aggregator (price cap and region)")
-    if len(placement.choices) < req.workers:
-        problems.append(
-            placement.wait_reason
-            or f"{len(placement.choices)} of {req.workers} workers can be placed on the free nodes"
-        )
-        problems += [f"{o.name} ({o.node_id}): {'; '.join(why)}" for o in offers if (why := unmet(o, req))]
-    return tuple(problems)
-
-
-def _assumptions(params: int | None, training: TrainingSpec) -> tuple[str, ...]:
-    size = "unknown (user recipe)" if params is None else f"{params:,} parameters"
-    return (
-        f"model: {size}, {tokens_per_step(training):,} tokens per step, 6 FLOPs per parameter per token",
-        f"efficiency {EFFICIENCY:g} of benchmarked TFLOPS (range {EFFICIENCY_LOW:g}–{EFFICIENCY_HIGH:g})",
-        f"exchange over {LINK_BYTES_PER_S * 8 / 1e6:g} Mbit/s plus {ROUND_OVERHEAD_S:g} s per round",
-        f"slow end: {REPLACEMENTS} worker replaced by the slowest eligible spare, one round lost",
-    )

@@ -32,7 +32,8 @@ Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case
 NodeKind = Literal["core", "community"]
 JobState = Literal["pending", "scheduled", "running", "completed", "failed", "cancelled"]
 TaskRole = Literal["aggregator", "worker"]
-TaskState = Literal["pending", "leased", "completed", "failed", "cancelled"]
+# unplaced: the job ended before the task ever held a lease (it never ran; ``placement`` says why)
+TaskState = Literal["pending", "leased", "completed", "failed", "cancelled", "unplaced"]
 LeaseOutcome = Literal["completed", "failed", "released"]
 
 
@@ -233,7 +234,9 @@ class TaskInfo(Message):
     state: TaskState
     node_id: str | None
     epoch: int
-    placement: str = Field("", description="why the market chose this node, or why the task waits")
+    placement: str = Field(
+        "", description="why the market chose this node, or why the task waits (or, unplaced, never ran)"
+    )
 
 
 class RoundInfo(Message):
@@ -279,7 +282,8 @@ class QuoteNode(Message):
 
 class Quote(Message):
     """What a job would cost (credits) and take (seconds) if submitted now, and on which nodes; or,
-    when it cannot be placed now, why (``problems``). Nothing is spent."""
+    when it cannot be placed now, why (``problems``: each node that could not take a task, and why).
+    Nothing is spent."""
 
     pricing: Literal["fixed", "auction"]
     placeable: bool
@@ -304,6 +308,11 @@ class Quote(Message):
         None, description="the verification.slash that deters it from the first round; None with no audits"
     )
     assumptions: list[str] = Field(default_factory=list)
+    waiting: list[str] = Field(
+        default_factory=list,
+        description="placeable with resources.min_workers but not every worker now: why the others would "
+        "wait (they join as nodes free up)",
+    )
 
 
 class JobEvent(Message):

@@ -3,7 +3,7 @@
 Every model is strict (``extra="forbid"``) so a typo is an error that names the field::
 
     name: stdlib-char-gpt
-    resources: {workers: 3, min_vram_gb: 0, min_tflops: 0, accelerators: [], region: null,
+    resources: {workers: 3, min_workers: 3, min_vram_gb: 0, min_tflops: 0, accelerators: [], region: null,
                 min_core_workers: 0, core_fallback: true}
     training: {recipe: char-gpt, rounds: 8, inner_steps: 30, compression: int8, batch_size: 32, lr: 0.003}
     data: {source: stdlib}
@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gpuflex.errors import SpecError
 
@@ -32,6 +40,11 @@ class _Strict(BaseModel):
 
 class Resources(_Strict):
     workers: Annotated[int, Field(ge=1, le=256)] = 2
+    min_workers: Annotated[int, Field(ge=1, le=256)] | None = Field(
+        None,
+        description="training starts only once this many workers can be placed together (with the "
+        "aggregator); the rest join as nodes free up. Default: all of workers",
+    )
     min_vram_gb: Annotated[float, Field(ge=0)] = 0
     min_tflops: Annotated[float, Field(ge=0)] = 0
     accelerators: list[str] = Field(default_factory=list, description="any-of GPU names; empty: any, CPU too")
@@ -44,6 +57,14 @@ class Resources(_Strict):
         description="let workers beyond min_core_workers fall back to core nodes (at the core price) "
         "when community supply is short; false: they wait for community nodes",
     )
+
+    @field_validator("min_workers")
+    @classmethod
+    def _min_workers_fit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        workers = info.data.get("workers")  # absent when workers itself was refused
+        if value is not None and workers is not None and value > workers:
+            raise ValueError(f"min_workers ({value}) must be at most workers ({workers})")
+        return value
 
     @model_validator(mode="after")
     def _core_quota_fits(self) -> Resources:

@@ -3,7 +3,8 @@
 One heap of timed events, processed in time order; every decision is the network's own function:
 
 - placement: ``market.placement.place_job`` (what ``services.market.place_pending`` calls), on the
-  candidate index's best few nodes (``sim.index``);
+  candidate index's best few nodes (``sim.index``); a job that has not started is placed as a gang
+  of its aggregator and ``min_workers`` workers, or waits (``placement.start_size``);
 - reliability: ``market.reputation.score`` of each node's record (beats, presence, lease ends), taken
   whenever the node becomes free;
 - liveness: a node that dies silently is noticed at ``market.liveness.noticed_at`` (the reaper pass
@@ -45,7 +46,7 @@ from gpuflex.ledger.metering import lease_cost_micro
 from gpuflex.market import reputation
 from gpuflex.market.liveness import Liveness, fleet_interval_s, last_beat_before, next_pass_after, noticed_at
 from gpuflex.market.matching import Requirements
-from gpuflex.market.placement import place_job
+from gpuflex.market.placement import place_job, start_size
 from gpuflex.market.pricing import (
     ROUND_OVERHEAD_S,
     lease_price,
@@ -532,8 +533,12 @@ class Simulation:
             if job.state in ("pending", "running"):
                 need_aggregator = job.aggregator == NO_JOB and c not in self.no_aggregator
                 need_workers = 0 if c in self.no_workers else len(job.pending)
-                if need_aggregator or need_workers:
-                    self._place_job(job, need_aggregator, need_workers)
+                req = self.template_requirements[job.template]
+                gang = start_size(req, started=job.state == "running", placed=len(job.workers))
+                # a job that has not started is placed whole or not at all: never from a dry pool
+                whole = need_workers >= gang and (need_aggregator or job.aggregator != NO_JOB)
+                if (need_aggregator or need_workers) and (not gang or whole):
+                    self._place_job(job, need_aggregator, need_workers, gang)
                 requeue.append(job)
             if queue and not self._dry(c, need):
                 heapq.heappush(heads, (queue[0], c, need))
@@ -541,7 +546,7 @@ class Simulation:
             if job.state in ("pending", "running"):
                 self._wait(job, place=False)
 
-    def _place_job(self, job: Job, need_aggregator: bool, need_workers: int) -> None:
+    def _place_job(self, job: Job, need_aggregator: bool, need_workers: int, gang: int) -> None:
         req = self.template_requirements[job.template]
         candidates = self.index.candidates(
             job.cls,
@@ -562,8 +567,17 @@ class Simulation:
             busy=set(),
             core_already=job.core_workers,
             clearing_price=job.clearing,
+            gang=gang,
         )
         self.index.give_back(candidates, {_node(n) for n in decision.chosen})
+        if (short := decision.short) is not None:
+            # what it could not have is gone from the pool only when nothing at all was found: the nodes
+            # it did find stay free for a job that needs fewer, as on the network
+            if short.no_aggregator:
+                self.no_aggregator.add(job.cls)
+            if need_workers and not short.workers and short.aggregator is None:
+                self.no_workers.add(job.cls)
+            return
         if need_aggregator and decision.aggregator is None:
             self.no_aggregator.add(job.cls)
         if need_workers and len(decision.workers.choices) < need_workers:
@@ -719,12 +733,12 @@ def _node(node_id: str) -> int:
 
 
 def _classes(requirements: list[Requirements]) -> tuple[list[Requirements], list[int]]:
-    """One requirement class per distinct requirement set (the worker count aside): jobs of one class
+    """One requirement class per distinct requirement set (the worker counts aside): jobs of one class
     draw from the same pools of the candidate index."""
     classes: list[Requirements] = []
     of_template = []
     for each in requirements:
-        req = replace(each, workers=0)
+        req = replace(each, workers=0, min_workers=None)
         if req not in classes:
             classes.append(req)
         of_template.append(classes.index(req))

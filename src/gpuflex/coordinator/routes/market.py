@@ -45,6 +45,6 @@ def quote(spec: JobSpec, account: Consumer, ctx: Ctx) -> m.Quote:
     the caller's wallet, so a budget the wallet does not cover is said before ``submit`` refuses it."""
     with ctx.tx() as s:
         interval_s = ctx.liveness(s).interval_s
-        quoted = market.quote(s, spec, ctx.now(), interval_s)
+        quoted = market.quote(s, spec, ctx.settings, ctx.now(), interval_s)
         quoted.wallet = to_credits(ledger.balance(s, consumer(account.id)))
         return quoted

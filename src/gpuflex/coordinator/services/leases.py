@@ -304,14 +304,28 @@ def end_by_verdict(session: Session, task_id: str, node_id: str, now: float) -> 
 
 
 def end_for_job(session: Session, job: Job, now: float, task_state: str) -> None:
-    """Close a finished job's live leases and tasks (the holders learn it on their next heartbeat)."""
+    """Close a finished job's live leases and tasks (the holders learn it on their next heartbeat).
+
+    A task that never held a lease never ran: it ends ``unplaced``, whatever the job's end, and keeps
+    why (the last reason it waited, or the node it was placed on too late)."""
     for lease in session.scalars(select(Lease).where(Lease.job_id == job.id, Lease.state == "active")):
         _end(lease, "completed", now)
+    never = select(Task).where(Task.job_id == job.id, Task.state == "pending", Task.epoch == 0)
+    for task in session.scalars(never):
+        task.state, task.placement = "unplaced", _never_ran(task)
+    session.flush()
     session.execute(
         update(Task)
         .where(Task.job_id == job.id, Task.state.in_(("pending", "leased")))
         .values(state=task_state)
     )
+
+
+def _never_ran(task: Task) -> str:
+    if task.node_id is not None:
+        return f"never ran: placed on {task.node_id}, not leased before the job ended"
+    why = task.placement.removeprefix("waits: ")
+    return f"never placed: {why}" if why else "never placed"
 
 
 def report(session: Session, node: Node, lease_id: str, msg: LeaseReport, now: float) -> None:

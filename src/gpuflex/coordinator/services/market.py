@@ -3,12 +3,15 @@
 The ranking itself is the pure ``gpuflex.market.matching`` (shared with the simulator); this
 module turns database rows into offers, each with its node's reputation (``gpuflex.market.reputation``,
 counted here in two aggregate queries for all nodes at once) and the hours it has left on offer, and
-records each choice with its reason (on the task and in the job's log), and likewise why a worker
-waits when the job's own core rules (``min_core_workers``, ``core_fallback``) hold it back. A node runs
-one task at a time: a node holding a live lease, or chosen for a pending task, is busy. A node whose
-availability ran out gets no new task, and a task placed on it but not yet leased goes back. An
-auction job's workers are placed by its auction (``gpuflex.market.pricing``), whose clearing price is
-kept on the job: later replacements must ask no more than it, and its workers' leases are metered at it.
+records each choice with its reason (on the task and in the job's log). A task that waits keeps why on
+its task, node by node (``gpuflex.market.waiting``: busy with which job, barred, short of stake, or
+the requirement it fails), and the job's log is told when that changes. A job that has not started
+waits, placing nothing, until its aggregator and ``min_workers`` workers can be placed together
+(``market.placement``); after that it takes what it can. A node runs one task at a time: a node
+holding a live lease, or chosen for a pending task, is busy. A node whose availability ran out gets
+no new task, and a task placed on it but not yet leased goes back. An auction job's workers are placed
+by its auction (``gpuflex.market.pricing``), whose clearing price is kept on the job: later
+replacements must ask no more than it, and its workers' leases are metered at it.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, Verdict, re
 from gpuflex.coordinator.services import governance, ledger, liveness, registry, specs
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.ledger import accounts
-from gpuflex.market import pricing, reputation
+from gpuflex.market import quotes, reputation
 from gpuflex.market.index import OfferIndex
 from gpuflex.market.matching import NodeOffer, Requirements
-from gpuflex.market.placement import place_job, staked
+from gpuflex.market.placement import place_job, start_size, unstaked
+from gpuflex.market.waiting import Held, Waiting, why_waiting
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.protocol.spec import JobSpec
@@ -108,10 +112,20 @@ def listing(session: Session, now: float, heartbeat_interval_s: float) -> list[m
     return out
 
 
-def busy_nodes(session: Session) -> set[str]:
-    leased = session.scalars(select(Lease.node_id).where(Lease.state == "active"))
-    placed = session.scalars(select(Task.node_id).where(Task.state == "pending", Task.node_id.is_not(None)))
-    return {n for n in (*leased, *placed) if n}
+def busy_nodes(session: Session) -> dict[str, Held]:
+    """The nodes that hold a live lease or have a task placed on them, each with the task it is busy with."""
+    leased = select(Lease.node_id, Task.job_id, Task.role, Task.index).join(Task, Task.id == Lease.task_id)
+    placed = select(Task.node_id, Task.job_id, Task.role, Task.index).where(
+        Task.state == "pending", Task.node_id.is_not(None)
+    )
+    busy = {}
+    for how, query in (("placed for", placed), ("leased to", leased.where(Lease.state == "active"))):
+        for node, job, role, index in session.execute(query):
+            busy[node] = Held("busy", f"busy ({how} job {job} as {role} {index})")
+    return busy
+
+
+BARRED = Held("barred", "barred from this job by a guilty verdict")
 
 
 def barred_nodes(session: Session, job_ids: Sequence[str]) -> dict[str, set[str]]:
@@ -123,13 +137,28 @@ def barred_nodes(session: Session, job_ids: Sequence[str]) -> dict[str, set[str]
     return barred
 
 
-def quote(session: Session, spec: JobSpec, now: float, heartbeat_interval_s: float) -> m.Quote:
-    """What ``spec`` would cost and take on the free online nodes, placed as the market would now."""
-    busy = busy_nodes(session)
-    free = [n for n in registry.online(session) if n.id not in busy]
-    scores = reliabilities(free, lease_ends(session, [n.id for n in free]), now, heartbeat_interval_s)
-    offers = [offer_of(n, now, scores[n.id]) for n in free]
-    return m.Quote.model_validate(asdict(pricing.quote(spec, offers)))
+def _offers(
+    session: Session, settings: CoordinatorSettings, now: float, interval_s: float
+) -> tuple[list[NodeOffer], dict[str, Held]]:
+    """Every online node as an offer, and the nodes that take no new task and why: busy, or a community
+    node short of the stake that ``min_stake`` (a governed parameter) asks."""
+    online = registry.online(session)
+    scores = reliabilities(online, lease_ends(session, [n.id for n in online]), now, interval_s)
+    offers = [offer_of(n, now, scores[n.id]) for n in online]
+    min_stake = to_micro(governance.parameter(session, "min_stake", settings, now))
+    held = {}
+    if min_stake > 0:  # else nobody is short, and the stakes need no reading
+        held = unstaked(offers, ledger.balances_under(session, accounts.STAKES), min_stake)
+    return offers, held | busy_nodes(session)
+
+
+def quote(
+    session: Session, spec: JobSpec, settings: CoordinatorSettings, now: float, heartbeat_interval_s: float
+) -> m.Quote:
+    """What ``spec`` would cost and take on the online nodes, placed as the market would now; when it
+    cannot be placed, why, node by node."""
+    offers, held = _offers(session, settings, now, heartbeat_interval_s)
+    return m.Quote.model_validate(asdict(quotes.quote(spec, offers, held)))
 
 
 def unplace_from_gone_nodes(session: Session, now: float) -> None:
@@ -168,15 +197,8 @@ def place_pending(session: Session, settings: CoordinatorSettings, now: float) -
     )
     if not unplaced:
         return 0
-    online = registry.online(session)
-    ends = lease_ends(session, [n.id for n in online])
-    scores = reliabilities(online, ends, now, liveness.rules(session, settings, now).interval_s)
-    offers = [offer_of(n, now, scores[n.id]) for n in online]
-    min_stake = to_micro(governance.parameter(session, "min_stake", settings, now))
-    if min_stake > 0:
-        offers = staked(offers, ledger.balances_under(session, accounts.STAKES), min_stake)
+    offers, held = _offers(session, settings, now, liveness.rules(session, settings, now).interval_s)
     index = OfferIndex(offers)  # ranked once for the pass, not once per job
-    busy = busy_nodes(session)
     job_ids = list(dict.fromkeys(t.job_id for t in unplaced))
     # one query each for all the jobs: a pass over a hundred waiting jobs runs every reaper pass
     jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(job_ids)))}
@@ -185,9 +207,8 @@ def place_pending(session: Session, settings: CoordinatorSettings, now: float) -
     placed = 0
     for job_id in job_ids:
         job, tasks = jobs[job_id], [t for t in unplaced if t.job_id == job_id]
-        spec = specs.of(job)
-        core_already, barred_here = on_core.get(job_id, 0), barred.get(job_id, set())
-        placed += _place_job_tasks(session, job, spec, tasks, index, busy, barred_here, core_already, now)
+        barred_here = barred.get(job_id, set())
+        placed += _place_job_tasks(session, job, tasks, index, held, barred_here, on_core.get(job_id, 0), now)
     if placed >= ANALYZE_AFTER_PLACING:
         refresh_statistics(session, Task)
     return placed
@@ -204,40 +225,45 @@ ANALYZE_AFTER_PLACING = 500
 def _place_job_tasks(
     session: Session,
     job: Job,
-    spec: JobSpec,
     tasks: list[Task],
     index: OfferIndex,
-    busy: set[str],
+    held: dict[str, Held],
     barred: set[str],
     core_already: int,
     now: float,
 ) -> int:
-    """Decide with ``market.placement.place_job`` (shared with the simulator) and write it down.
+    """Decide with ``market.placement.place_job`` (shared with the simulator) and write it down; tell
+    each task that still waits why.
 
+    ``held``: the nodes that take no new task, and why (busy ones, which this marks as it places);
     ``barred``: the nodes a verdict barred from this job, as good as busy for it; ``core_already``:
     the job's workers on core nodes, which count toward its core quota."""
+    spec = specs.of(job)
+    req = Requirements.from_spec(spec)
     workers = [t for t in tasks if t.role == "worker"]
     aggregators = [t for t in tasks if t.role == "aggregator"]
+    before = spec.resources.workers - len(workers)  # placed or leased already
     clearing = None if job.clearing_price_micro is None else to_credits(job.clearing_price_micro)
     decision = place_job(
-        Requirements.from_spec(spec),
+        req,
         spec.pricing,
         index.offers,
         index=index,
         aggregator=bool(aggregators),
         workers=len(workers),
-        busy=busy | barred,
+        busy=held.keys() | barred,
         core_already=core_already,
         clearing_price=clearing,
+        gang=start_size(req, started=job.state != "pending", placed=before),
     )
     if decision.clearing_price is not None:
         job.clearing_price_micro = to_micro(decision.clearing_price)
-    busy.update(decision.chosen)
     choices = list(zip(workers, decision.workers.choices, strict=False))
     if decision.aggregator:
         choices.insert(0, (aggregators[0], decision.aggregator))
     for task, choice in choices:
         task.node_id, task.placement = choice.node_id, choice.reason
+        held[choice.node_id] = Held("busy", f"busy (placed for job {job.id} as {task.role} {task.index})")
         session.add(
             JobEvent(
                 job_id=job.id,
@@ -246,9 +272,21 @@ def _place_job_tasks(
             )
         )
     waiting = workers[len(decision.workers.choices) :]
-    _note_waiting(session, job.id, waiting, decision.workers.wait_reason if workers else None, now)
-    if job.state == "pending" and choices and _all_placed(session, job):
-        job.state = "scheduled"
+    if waiting or (aggregators and not decision.aggregator):
+        job_held = {**held, **dict.fromkeys(barred, BARRED)} if barred else held
+        why_agg, why_workers = why_waiting(
+            index, req, decision, aggregator=bool(aggregators), workers=len(workers), held=job_held
+        )
+        notes: dict[Waiting, list[Task]] = defaultdict(list)
+        for group, why in ((aggregators, why_agg), (waiting, why_workers)):
+            if why is not None and group:
+                notes[why] += group
+        for why, group in notes.items():
+            _note_waiting(session, job.id, group, why, now)
+    has_aggregator = decision.aggregator is not None or not aggregators
+    gang = has_aggregator and before + len(decision.workers.choices) >= req.start_workers
+    if job.state == "pending" and choices and gang:
+        job.state = "scheduled"  # its aggregator and min_workers workers are placed: it starts
     return len(choices)
 
 
@@ -268,21 +306,22 @@ def _workers_on_core(session: Session, job_ids: list[str]) -> dict[str, int]:
     return dict(session.execute(query).all())
 
 
-def _note_waiting(session: Session, job_id: str, waiting: list[Task], reason: str | None, now: float) -> None:
-    """Keep on each waiting worker's task why it waits (``gpuflex job show``) and tell the job's log
-    when that changes: placement runs on every reaper pass, and the log needs the news once."""
-    note = f"waits: {reason}" if reason else ""
-    changed = [t for t in waiting if t.placement != note]
-    for task in changed:
+def _note_waiting(session: Session, job_id: str, waiting: list[Task], reason: Waiting, now: float) -> None:
+    """Keep on each waiting task why it waits (``gpuflex job show``) and tell the job's log when what is
+    short changes: placement runs on every reaper pass, and the log needs the news once. The nodes
+    named change more often (at scale, their counts every pass): the task keeps them current."""
+    note = f"waits: {reason}"
+    news = any(not t.placement.startswith(f"waits: {reason.headline}: ") for t in waiting)
+    for task in (t for t in waiting if t.placement != note):
         task.placement = note
-    if note and changed:
-        indexes = ", ".join(str(t.index) for t in waiting)
-        who = f"worker {indexes} waits" if len(waiting) == 1 else f"workers {indexes} wait"
-        session.add(JobEvent(job_id=job_id, at=now, message=f"{who}: {reason}"))
+    if news:
+        session.add(JobEvent(job_id=job_id, at=now, message=f"{_who(waiting)}: {reason}"))
 
 
-def _all_placed(session: Session, job: Job) -> bool:
-    unplaced = session.scalars(
-        select(Task.id).where(Task.job_id == job.id, Task.state == "pending", Task.node_id.is_(None))
-    ).first()
-    return unplaced is None
+def _who(tasks: list[Task]) -> str:
+    """``worker 2 waits``, ``aggregator 0 and workers 0, 1 wait``."""
+    by_role: dict[str, list[str]] = defaultdict(list)
+    for task in tasks:
+        by_role[task.role].append(str(task.index))
+    named = [f"{role}{'s' if len(i) > 1 else ''} {', '.join(i)}" for role, i in by_role.items()]
+    return " and ".join(named) + (" waits" if len(tasks) == 1 else " wait")

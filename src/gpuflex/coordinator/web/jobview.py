@@ -26,7 +26,7 @@ EVENTS_SHOWN = 200
 @dataclass(frozen=True)
 class Cell:
     """One worker in one round: contributed, guilty (convicted: its contribution was discarded),
-    training (open round), waiting (no node) or missed."""
+    training (open round), waiting (no node), unplaced (it never ran) or missed."""
 
     state: str
     node: str | None = None
@@ -106,6 +106,8 @@ def _rounds(session: Session, job: Job, workers: list[Task], detail: m.JobDetail
             elif open_now:
                 waiting = task.id not in live
                 cells.append(Cell("waiting" if waiting else "training", names.get(task.node_id or "")))
+            elif task.epoch == 0:  # never leased: it had no node to miss the round on
+                cells.append(Cell("unplaced"))
             else:
                 cells.append(Cell("missed"))
         rows.append(RoundRow(r, open_now, val.get(r), cells))

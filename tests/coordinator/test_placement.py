@@ -77,7 +77,7 @@ def test_forbidden_fallback_waits_for_a_community_node_and_says_why_once(coordin
     name, reason = placed[("worker", 1)]  # `gpuflex job show` says why, node by node
     assert name is None and reason.startswith("waits: " + WAITS.removeprefix("worker 1 waits: ")), reason
     assert "core-spare: free, but a core node, and the job forbids core fallback" in reason
-    assert f"c0: busy (placed for job {job.id} as worker 0)" in reason
+    assert "c0: busy (worker, placed)" in reason
     for _ in range(3):
         reap_once(coordinator.ctx)  # the reaper places every pass: the reason is told once, not each time
     assert sum(e.message.startswith(WAITS) for e in alice.logs(job.id)) == 1
@@ -118,8 +118,8 @@ def test_min_workers_starts_the_job_and_the_rest_wait_with_their_reason_then_end
         reap_once(coordinator.ctx)
     name, reason = _placed(alice, job, nodes)[("worker", 2)]
     why = "no free node qualifies"
-    assert name is None and reason.startswith(f"waits: {why}: c0: busy (leased to job "), reason
-    assert f"core-agg: busy (leased to job {job.id} as aggregator 0)" in reason
+    assert name is None and reason.startswith(f"waits: {why}: c0: busy ("), reason
+    assert "core-agg: busy (aggregator, leased)" in reason
     assert sum(e.message.startswith(f"worker 2 waits: {why}") for e in alice.logs(job.id)) == 1
     alice.cancel(job.id)
     ended = {t.index if t.role == "worker" else -1: t for t in alice.job(job.id).tasks}

@@ -81,8 +81,10 @@ def test_a_quote_names_each_candidate_node_and_the_real_reason_it_cannot_take_a_
     for name, price in (("c0", 0.11), ("c1", 0.12)):
         coordinator.node(name, price=price)
     # the only core node is busy: neither the price cap nor the region is the reason
-    why = f"no core node can host the aggregator: core-1: busy (leased to job {first.id} as aggregator 0)"
+    why = "no core node can host the aggregator: core-1: busy (aggregator, leased)"
     assert alice.quote(_spec()).problems == [why]
+    bob = coordinator.consumer("bob", deposit=5)
+    assert first.id not in " ".join(bob.quote(_spec()).problems)  # busy says with what, never whose job
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text("name: t\nresources: {workers: 2}\nmax_price_per_hour: 0.5\n")
     token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
@@ -98,9 +100,9 @@ def test_a_quote_names_each_candidate_node_and_the_real_reason_it_cannot_take_a_
     assert q.problems == [
         "no core node can host the aggregator, and 0 of the 2 workers this job needs to start "
         f"(resources.min_workers) can be placed now: aggregator: {why.split(': ', 1)[1]}; workers: "
-        f"c-busy: busy (leased to job {first.id} as worker 0), c0: stake 0 < min_stake 1 credits, "
+        f"c-busy: busy (worker, leased), c0: stake 0 < min_stake 1 credits, "
         "c1: stake 0 < min_stake 1 credits, c-far: region far != local, "
-        f"core-1: busy (leased to job {first.id} as aggregator 0), c-dear: price 0.90/h > max 0.50/h"
+        f"core-1: busy (aggregator, leased), c-dear: price 0.90/h > max 0.50/h"
     ]
 
 

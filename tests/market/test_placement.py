@@ -15,7 +15,7 @@ from gpuflex.protocol.spec import parse_job_spec
 
 from .test_matching import offers_st, reqs_st
 
-BUSY = Held("busy", "busy (leased to job j-1 as worker 0)")
+BUSY = Held("busy", "busy (worker, leased)")
 
 
 def offer(node_id, *, kind="community", price=0.10, region="eu"):
@@ -126,7 +126,7 @@ def test_nodes_left_out_are_named_in_rank_order_then_counted_by_kind():
         OfferIndex(offers), replace(req(), region="eu"), aggregator=False, held=held, chosen=chosen
     )
     named = ", ".join(
-        f"n{i:02}: busy (leased to job j-1 as worker 0)" if i % 3 == 0 else f"n{i:02}: region us != eu"
+        f"n{i:02}: busy (worker, leased)" if i % 3 == 0 else f"n{i:02}: region us != eu"
         for i in (0, 2, 3, 5, 6, 8)
     )
     assert NAMED == 6 and told == f"{named}, and 2 more: 1 busy, 1 in another region"

@@ -238,6 +238,6 @@ def test_the_job_page_shows_why_a_worker_waits_and_that_it_never_ran(web):
 
     reap_once(web.ctx)
     assert "worker 2 pending not placed waits: no free node qualifies: box-" in tasks()
-    assert f"busy (leased to job {job.id} as worker 0)" in tasks()
+    assert "busy (worker, leased)" in tasks()
     alice.cancel(job.id)
     assert "worker 2 unplaced not placed never placed: no free node qualifies: box-" in tasks()

@@ -35,10 +35,18 @@ class Held:
     """A node that takes no task of the job now, whatever it offers."""
 
     kind: str  # how such nodes are counted: "busy", "barred", "stake below min_stake"
-    reason: str  # told beside the node's name: "busy (leased to job j-1 as worker 0)"
+    reason: str  # told beside the node's name: "busy (worker, leased)"
 
 
 BUSY = Held("busy", "busy")  # a node the index holds busy, when the caller says no more
+
+
+def busy_with(how: str, role: str) -> Held:
+    """A node ``how`` ("placed" or "leased") as some job's ``role``: which job stays unsaid, as a consumer
+    sees only its own work."""
+    return Held("busy", f"busy ({role}, {how})")
+
+
 _KEPT = Held("kept for the aggregator", "kept for this job's aggregator")
 _CORE_RULES = "left out by the job's core rules"
 

@@ -31,7 +31,7 @@ from gpuflex.market import quotes, reputation
 from gpuflex.market.index import OfferIndex
 from gpuflex.market.matching import NodeOffer, Requirements
 from gpuflex.market.placement import place_job, start_size, unstaked
-from gpuflex.market.waiting import Held, Waiting, why_waiting
+from gpuflex.market.waiting import Held, Waiting, busy_with, why_waiting
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.protocol.spec import JobSpec
@@ -113,15 +113,13 @@ def listing(session: Session, now: float, heartbeat_interval_s: float) -> list[m
 
 
 def busy_nodes(session: Session) -> dict[str, Held]:
-    """The nodes that hold a live lease or have a task placed on them, each with the task it is busy with."""
-    leased = select(Lease.node_id, Task.job_id, Task.role, Task.index).join(Task, Task.id == Lease.task_id)
-    placed = select(Task.node_id, Task.job_id, Task.role, Task.index).where(
-        Task.state == "pending", Task.node_id.is_not(None)
-    )
+    """The nodes that hold a live lease or have a task placed on them, each with the role it is busy with."""
+    leased = select(Lease.node_id, Task.role).join(Task, Task.id == Lease.task_id)
+    placed = select(Task.node_id, Task.role).where(Task.state == "pending", Task.node_id.is_not(None))
     busy = {}
-    for how, query in (("placed for", placed), ("leased to", leased.where(Lease.state == "active"))):
-        for node, job, role, index in session.execute(query):
-            busy[node] = Held("busy", f"busy ({how} job {job} as {role} {index})")
+    for how, query in (("placed", placed), ("leased", leased.where(Lease.state == "active"))):
+        for node, role in session.execute(query):
+            busy[node] = busy_with(how, role)
     return busy
 
 
@@ -263,7 +261,7 @@ def _place_job_tasks(
         choices.insert(0, (aggregators[0], decision.aggregator))
     for task, choice in choices:
         task.node_id, task.placement = choice.node_id, choice.reason
-        held[choice.node_id] = Held("busy", f"busy (placed for job {job.id} as {task.role} {task.index})")
+        held[choice.node_id] = busy_with("placed", task.role)
         session.add(
             JobEvent(
                 job_id=job.id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from contextlib import closing
 from pathlib import Path
 from typing import TypeVar
@@ -87,7 +87,7 @@ def prepare(
     return manifest
 
 
-def _encoded(source: Source, tokenizer: Tokenizer) -> Iterator[tuple[np.ndarray, TextBatch]]:
+def _encoded(source: Source, tokenizer: Tokenizer) -> Generator[tuple[np.ndarray, TextBatch], None, None]:
     with closing(_ahead(source.batches())) as batches:
         for batch in batches:
             yield tokenizer.encode(batch.documents), batch
@@ -118,7 +118,7 @@ class _Failed:
 _DONE = object()
 
 
-def _ahead(items: Generator[T]) -> Generator[T]:
+def _ahead(items: Generator[T, None, None]) -> Generator[T, None, None]:
     """``items``, produced by a thread of its own a few items ahead of the consumer.
 
     The producer's error is raised in the consumer; a consumer that stops early (an error, Ctrl-C) stops

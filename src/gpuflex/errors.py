@@ -2,7 +2,8 @@
 
 GPUFlexError
 ├── BadRequest          malformed or invalid input                 -> 400 / 422
-│   └── SpecError       a job spec that does not validate (names the field)
+│   ├── SpecError       a job spec that does not validate (names the field)
+│   └── HashMismatch    bytes that do not hash to the sha256 they were named by (a shard, a cached blob)
 ├── Unauthorized        missing or bad credentials or signature    -> 401
 ├── Forbidden           authenticated, but not yours               -> 403
 ├── NotFound            unknown id                                 -> 404
@@ -30,6 +31,10 @@ class BadRequest(GPUFlexError):
 
 class SpecError(BadRequest):
     status_code = 422
+
+
+class HashMismatch(BadRequest):
+    """Content addressed by sha256 whose bytes hash to something else: corrupt or substituted."""
 
 
 class Unauthorized(GPUFlexError):

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import tokenizers
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy import create_engine, func, select, text
@@ -107,6 +108,21 @@ def write_corpus(directory: Path, *, files: int = 4, lines: int = 400) -> None:
     for i in range(files):
         text = "\n".join(" ".join(rng.choice(words) for _ in range(8)) + "." for _ in range(lines))
         (directory / f"part{i}.txt").write_text(text)
+
+
+def train_bpe(documents: list[str], vocab_size: int, eos: str = "<|endoftext|>") -> tokenizers.Tokenizer:
+    """A byte-level BPE tokenizer with an EOS token, trained on ``documents`` (nothing downloaded)."""
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[eos],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(documents, trainer)
+    return tokenizer
 
 
 def small_job(

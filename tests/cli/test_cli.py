@@ -44,6 +44,7 @@ def test_every_documented_command_exists():
         ("job", "watch"),
         ("provider", "dashboard"),
         ("train", "local"),
+        ("data", "prepare"),
         ("governance", "propose"),
         ("governance", "vote"),
         ("governance", "proposals"),

@@ -11,6 +11,7 @@ from rich.markup import escape
 from gpuflex.cli import (
     account,
     coordinator,
+    data,
     demo,
     governance,
     jobs,
@@ -59,6 +60,7 @@ app.add_typer(governance.governance_app, name="governance")
 app.add_typer(operator.operator_app, name="operator")
 app.command("slashes")(operator.slashes)
 app.command("sim")(sim.sim)
+app.add_typer(data.data_app, name="data")
 
 
 def main() -> None:

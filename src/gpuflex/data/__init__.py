@@ -1,0 +1,15 @@
+"""Datasets, tokenized and sharded: what a job trains on, prepared once on the consumer's machine.
+
+Pure of HTTP: it reads and writes files (on any fsspec URL) and never imports the client, the
+coordinator or the agent; ``train`` and the CLI use it. Map of the files (data flows down the list):
+
+- ``sources``    documents from text files, JSON Lines, Parquet, Arrow and ``datasets`` directories
+- ``tokenizer``  documents to ids: a Hugging Face ``tokenizers`` tokenizer, or bytes; EOS after each
+- ``manifest``   the manifest (strict model, its own hash); ``load_manifest`` checks every shard
+- ``shards``     fixed-size shards of raw little-endian ids, hashed as written; the validation split
+- ``prepare``    ``gpuflex data prepare``'s pipeline: read, encode and write overlapped on threads
+- ``cache``      a worker's shard cache: keyed by sha256, a size limit, LRU eviction, pins, multi-process
+- ``assign``     which shards each worker trains on, and its reproducible batches (torch)
+
+Nothing is imported eagerly: ``gpuflex data prepare`` never loads torch.
+"""

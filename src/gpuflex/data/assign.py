@@ -1,0 +1,107 @@
+"""Which tokens each worker trains on, and the batches it draws from them, reproducibly.
+
+Assignment is contiguous, by whole shards: worker i of n gets shards ``[i·S/n, (i+1)·S/n)`` of the S
+train shards, so it downloads only those, and every worker gets at least one when S >= n. With fewer
+shards than workers, the train stream is cut into n contiguous token ranges of equal length instead
+(workers then share a shard, each reading its own range of it). Either way a worker's part is a list
+of ``Span``s; both rules are pure functions of the manifest's token counts.
+
+Batches are windows of ``block_size + 1`` tokens at offsets drawn from a ``torch.Generator`` the caller
+seeds (``gpuflex.train.data.round_generator(seed, worker, round)``: the seed derivation stays in
+``train``, which may import this package, not the other way), so a round's batches are reproducible
+from (manifest, seed, worker, round) by an auditor. A window never crosses from one span into the next.
+On one span the draws are exactly ``train.data.sample_batch``'s. Validation batches are one fixed set,
+evenly spaced, so validation losses of different rounds compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gpuflex.errors import BadRequest
+
+Batch = tuple[Tensor, Tensor]  # inputs and next-token targets, both (batch, block) int64
+
+
+@dataclass(frozen=True)
+class Span:
+    """Tokens ``[start, stop)`` of train shard ``shard``."""
+
+    shard: int
+    start: int
+    stop: int
+
+
+def assign(shard_tokens: Sequence[int], worker: int, workers: int) -> list[Span]:
+    """Worker ``worker``'s part of train shards holding ``shard_tokens`` tokens each, in stream order."""
+    if not 0 <= worker < workers:
+        raise BadRequest(f"worker must be in [0, {workers}), got {worker}")
+    count = len(shard_tokens)
+    if count >= workers:
+        shards = range(worker * count // workers, (worker + 1) * count // workers)
+        return [Span(s, 0, shard_tokens[s]) for s in shards]
+    total = sum(shard_tokens)
+    if total < workers:
+        raise BadRequest(f"{total} train tokens cannot be split among {workers} workers")
+    lo, hi = worker * total // workers, (worker + 1) * total // workers
+    spans, offset = [], 0
+    for shard, size in enumerate(shard_tokens):
+        start, stop = max(lo - offset, 0), min(hi - offset, size)
+        if start < stop:
+            spans.append(Span(shard, start, stop))
+        offset += size
+    return spans
+
+
+def worker_tokens(train: Sequence[np.ndarray], worker: int, workers: int) -> list[np.ndarray]:
+    """The views of a prepared dataset's ``train`` shards that worker ``worker`` trains on."""
+    return [train[s.shard][s.start : s.stop] for s in assign([len(t) for t in train], worker, workers)]
+
+
+def batches(
+    parts: Sequence[np.ndarray], batch_size: int, block_size: int, generator: torch.Generator
+) -> Iterator[Batch]:
+    """Endless batches of ``batch_size`` windows at random offsets of ``parts``, drawn from ``generator``."""
+    windows = _Windows(parts, block_size)
+    while True:
+        yield windows.batch(torch.randint(windows.count, (batch_size,), generator=generator))
+
+
+def validation_batches(
+    parts: Sequence[np.ndarray], count: int, batch_size: int, block_size: int
+) -> list[Batch]:
+    """``count`` batches of windows at evenly spaced offsets of ``parts``: the same set every time."""
+    windows = _Windows(parts, block_size)
+    starts = torch.linspace(0, windows.count - 1, count * batch_size).long()
+    return [windows.batch(s) for s in starts.split(batch_size)]
+
+
+class _Windows:
+    """Every window of ``block_size + 1`` tokens inside one part, numbered across the parts in order."""
+
+    def __init__(self, parts: Sequence[np.ndarray], block_size: int):
+        self.parts, self.block_size = parts, block_size
+        per_part = np.array([max(len(p) - block_size, 0) for p in parts], dtype=np.int64)
+        self.ends = np.cumsum(per_part)
+        self.starts = self.ends - per_part
+        self.count = int(self.ends[-1]) if len(parts) else 0
+        if self.count == 0:
+            raise BadRequest(
+                f"{sum(len(p) for p in parts)} tokens hold no window of block_size + 1 = {block_size + 1}: "
+                "use more data, fewer workers or a smaller block_size"
+            )
+
+    def batch(self, indices: Tensor) -> Batch:
+        index = indices.numpy()
+        part = np.searchsorted(self.ends, index, side="right")
+        offset = index - self.starts[part]
+        chunk = np.stack(
+            [self.parts[p][o : o + self.block_size + 1] for p, o in zip(part, offset, strict=True)]
+        )
+        tokens = torch.from_numpy(chunk.astype(np.int64))
+        return tokens[:, :-1], tokens[:, 1:]

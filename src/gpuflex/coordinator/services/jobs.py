@@ -14,9 +14,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import leases, ledger, specs, verification
+from gpuflex.coordinator.services import ids, leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
-from gpuflex.errors import BadRequest, Conflict, NotFound
+from gpuflex.errors import BadRequest, Conflict
 from gpuflex.ledger import accounts
 from gpuflex.ledger.settlement import settle_job
 from gpuflex.protocol import messages as m
@@ -65,11 +65,9 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
 
 
 def owned(session: Session, account: Account, job_id: str) -> Job:
-    """The job, if it is this account's; someone else's job is as unknown as a missing one."""
-    job = session.get(Job, job_id)
-    if job is None or job.account_id != account.id:
-        raise NotFound(f"no job {job_id}")
-    return job
+    """The job, if it is this account's, by its id or a unique prefix of it (``ids``); someone else's job
+    is as unknown as a missing one. Every query of a consumer's job passes here."""
+    return ids.lookup(session, Job, job_id, Job.account_id == account.id, what="job")
 
 
 def list_for(session: Session, account: Account) -> list[Job]:
@@ -133,7 +131,7 @@ def finish(session: Session, job: Job, state: str, reason: str, now: float, *, f
 def cancel(session: Session, account: Account, job_id: str, now: float, *, fee_bps: int) -> Job:
     job = owned(session, account, job_id)
     if job.state not in OPEN_JOB_STATES:
-        raise Conflict(f"job {job_id} has already ended ({job.state})")
+        raise Conflict(f"job {job.id} has already ended ({job.state})")
     finish(session, job, "cancelled", f"cancelled by {account.name}", now, fee_bps=fee_bps)
     return job
 

@@ -18,7 +18,7 @@ from gpuflex.coordinator.services import ids, leases, ledger, specs, verificatio
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.errors import BadRequest, Conflict
 from gpuflex.ledger import accounts
-from gpuflex.ledger.settlement import settle_job
+from gpuflex.ledger.settlement import scale_to, settle_job
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.storage import BlobStore
@@ -218,14 +218,18 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
 
 
 def _costs(session: Session, job: Job, now: float) -> list[m.NodeCost]:
+    """Each node's lease time, metered cost, and what the owner pays for it: the metered costs cut to the
+    budget as settlement cuts them (``scale_to``), so they add up to ``spent`` and, once the job has
+    ended, to what the ledger settled."""
     seconds: dict[str, float] = defaultdict(float)
-    cost: dict[str, int] = defaultdict(int)
+    metered: dict[str, int] = defaultdict(int)
     for lease in session.scalars(select(Lease).where(Lease.job_id == job.id)):
         end = lease.ended_at if lease.ended_at is not None else min(now, lease.expires_at)
         seconds[lease.node_id] += max(0.0, end - lease.granted_at)
-        cost[lease.node_id] += leases.metered_cost(lease, now)
+        metered[lease.node_id] += leases.metered_cost(lease, now)
+    paid = scale_to(metered, job.budget_micro)
     out = []
-    for node_id in sorted(cost):
+    for node_id in sorted(metered):
         node = session.get(Node, node_id)
         out.append(
             m.NodeCost(
@@ -233,7 +237,8 @@ def _costs(session: Session, job: Job, now: float) -> list[m.NodeCost]:
                 name=node.name,
                 kind=node.kind,
                 seconds=round(seconds[node_id], 3),
-                cost=to_credits(cost[node_id]),
+                cost=to_credits(paid[node_id]),
+                metered=to_credits(metered[node_id]),
             )
         )
     return out
@@ -242,3 +247,10 @@ def _costs(session: Session, job: Job, now: float) -> list[m.NodeCost]:
 def events(session: Session, job: Job) -> list[m.JobEvent]:
     rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))
     return [m.JobEvent(at=e.at, message=e.message) for e in rows]
+
+
+def log_from_task(session: Session, lease: Lease, message: str, now: float) -> None:
+    """A task's own line in its job's log, saying who wrote it: ``[worker 1 on c0 (n-…)] message``."""
+    task, node = session.get(Task, lease.task_id), session.get(Node, lease.node_id)
+    who = f"{task.role} {task.index} on {node.name} ({node.id})"
+    session.add(JobEvent(job_id=lease.job_id, at=now, message=f"[{who}] {message}"))

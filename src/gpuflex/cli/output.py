@@ -11,6 +11,8 @@ import typer
 from pydantic import BaseModel
 from rich.table import Table
 
+from gpuflex.protocol.money import format_credits
+
 Json = Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of a table")]
 
 
@@ -41,8 +43,6 @@ def _plain(data: Any) -> Any:
 
 
 def credits(amount: float) -> str:
-    """An amount of credits with as many decimals as it has, up to the micro-credit, at least two:
-    a budget of 0.001 prints as 0.001 (not 0.00), 10 as 10.00, 0.0010824 as 0.001082."""
-    text = f"{amount:.6f}".rstrip("0")
-    whole, _, decimals = text.partition(".")
-    return f"{whole}.{decimals.ljust(2, '0')}"
+    """An amount of credits with the precision it was given: 0.001 prints as 0.001 (not 0.00), 10 as
+    10.00 (``protocol.money.format_credits``, which the dashboard prints budgets with too)."""
+    return format_credits(amount)

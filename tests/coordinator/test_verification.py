@@ -253,8 +253,9 @@ def test_job_show_prints_the_verdicts(coordinator):
         app, ["job", "show", net.job.id, "--url", coordinator.url, "--token", token], env={"COLUMNS": "250"}
     )
     assert result.exit_code == 0, result.output
-    (row,) = [line for line in result.output.splitlines() if reason in line]
-    assert all(part in row for part in (_id(net.nodes[0]), "screen", "guilty", "1.000000")), row
+    (row,) = [line for line in result.output.splitlines() if net.task_id(0) in line and "guilty" in line]
+    assert all(part in row for part in (_id(net.nodes[0]), "1.00")), row
+    assert f"round 0, task {net.task_id(0)} (screen): {reason}" in result.output.splitlines()
 
 
 def test_each_contribution_carries_the_residual_its_tasks_previous_contribution_left(coordinator):

@@ -84,6 +84,16 @@ def test_a_two_worker_job_trains_to_the_end(database_url, tmp_path):
         assert model(tokens)[0].shape[-1] == 256
         _check_money(client, job_id)
         assert {c.name for c in job.costs} == {"core", "c0", "c1"}
+        events = [e.message for e in client.logs(job_id)]
+        published = [e for e in events if re.search(r"round \d+ published|published round", e)]
+        assert [e.split(" (")[0] for e in published] == [
+            f"round {r} published" for r in range(4)
+        ]  # once each
+        workers = {t.index: t.node_id for t in job.tasks if t.role == "worker"}
+        for index, node_id in workers.items():  # each worker's own lines say which worker on which node
+            assert any(
+                e.startswith(f"[worker {index} on c") and f"({node_id})] round 1: " in e for e in events
+            )
 
 
 def test_an_agent_stopped_mid_job_hands_its_task_back_and_the_job_completes(tmp_path):
@@ -104,8 +114,9 @@ def test_an_agent_stopped_mid_job_hands_its_task_back_and_the_job_completes(tmp_
         handed_back = next(t for t in job.tasks if t.role == "worker" and t.epoch == 2)
         spare = handed_back.node_id
         assert names.get(spare) not in (None, leaving)
-        assert any(e.startswith(f"[{spare}] joined at round ") for e in events), events
-        assert any(e.startswith(f"[{spare}] round") for e in events), "the spare never contributed"
+        spare_says = f"[worker {handed_back.index} on {names[spare]} ({spare})] "
+        assert any(e.startswith(f"{spare_says}joined at round ") for e in events), events
+        assert any(e.startswith(f"{spare_says}round") for e in events), "the spare never contributed"
         assert {o.name: o.state for o in client.offers()}[leaving] == "left"
         _check_money(client, job_id)
 

@@ -74,7 +74,7 @@ def propose(
 
 @governance_app.command("vote")
 def vote(
-    proposal_id: Annotated[str, typer.Argument(help="as `gpuflex governance proposals` lists it")],
+    proposal_id: Annotated[str, typer.Argument(help="id or prefix, from `gpuflex governance proposals`")],
     choice: Annotated[m.VoteChoice, typer.Argument(help="yes, no or abstain (counts toward quorum only)")],
     name: Name = None,
     data_dir: DataDir = None,

@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.output import credits
+from gpuflex.cli.output import Json, credits, print_json, table
 from gpuflex.cli.profile import consumer_client
-from gpuflex.cli.watch import watch_job
+from gpuflex.cli.report import cost_table, write_report
+from gpuflex.cli.watch import EXIT_CODES, TERMINAL, watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import JobInfo, Quote, Verdict
@@ -21,7 +25,7 @@ from gpuflex.protocol.spec import JobSpec, load_job_spec
 
 job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
 console = Console()
-JobId = Annotated[str, typer.Argument(help="job id, as `gpuflex jobs` lists it")]
+JobId = Annotated[str, typer.Argument(help="job id as `gpuflex jobs` lists it, or any unique prefix of it")]
 
 
 def upload_inputs(client: Client, spec: JobSpec) -> dict[str, str | None]:
@@ -43,26 +47,33 @@ def upload_inputs(client: Client, spec: JobSpec) -> dict[str, str | None]:
 
 def submit(
     spec_file: Annotated[Path, typer.Argument(help="job spec YAML", metavar="JOB.yaml")],
-    watch: Annotated[bool, typer.Option(help="follow the job until it ends")] = False,
+    watch: Annotated[
+        bool, typer.Option(help="follow the job until it ends; exits as `job watch` does")
+    ] = False,
     url: Url = None,
     token: Token = None,
 ) -> None:
     """Submit a job from a YAML spec; its budget moves into escrow. It starts once its aggregator and
     resources.min_workers workers (default: all) can be placed together; until then it waits, and
-    this says why."""
+    this says why.
+
+    With --watch, exit code: 0 completed, 3 failed, 4 cancelled, 130 stopped watching (Ctrl-C; the job
+    goes on)."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
     inputs = upload_inputs(client, spec)
     unplaced = _unplaced(client, spec)  # before submitting: what the job's first placement will find
     job = client.submit(spec, **inputs)
-    console.print(f"submitted job [bold]{job.id}[/] ({job.name}); budget {job.budget:.2f} credits in escrow")
+    console.print(
+        f"submitted job [bold]{job.id}[/] ({job.name}); budget {credits(job.budget)} credits in escrow"
+    )
     if unplaced:
         console.print(unplaced[0], style="yellow", highlight=False)
         for why in unplaced[1:]:
             console.print(f"  {why}", highlight=False)
         console.print(f"`gpuflex job show {job.id}` says why each task waits", highlight=False)
     if watch:
-        _summary(watch_job(client, job.id, console))
+        _follow(client, job.id)
 
 
 def _unplaced(client: Client, spec: JobSpec) -> list[str]:
@@ -138,12 +149,12 @@ def _warn_if_short(q: Quote) -> None:
 
 def _quote_nodes(q: Quote) -> Table:
     columns = ("role", "node", "name", "kind", "TFLOPS", "ask/h", "paid/h", "s/step")
-    table = Table(*columns, title="assumed nodes")
+    nodes = table(*columns, ids=["node"], title="assumed nodes")
     for n in q.nodes:
         step = "-" if n.seconds_per_step is None else f"{n.seconds_per_step:.4f}"
         row = (n.role, n.node_id, n.name, n.kind, f"{n.tflops:.3f}", f"{n.ask:.3f}", f"{n.paid:.3f}", step)
-        table.add_row(*row)
-    return table
+        nodes.add_row(*row)
+    return nodes
 
 
 def _duration(seconds: float) -> str:
@@ -152,95 +163,120 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def list_jobs(url: Url = None, token: Token = None) -> None:
+def list_jobs(as_json: Json = False, url: Url = None, token: Token = None) -> None:
     """List your jobs."""
-    table = Table("id", "name", "state", "round", "val loss", "spent", "budget")
-    for j in consumer_client(url, token).jobs():
-        table.add_row(
-            j.id,
-            j.name,
-            j.state,
-            f"{j.round}/{j.rounds}",
-            _f(j.val_loss),
-            f"{j.spent:.6f}",
-            f"{j.budget:.2f}",
-        )
-    console.print(table)
+    jobs = consumer_client(url, token).jobs()
+    if as_json:
+        print_json(jobs)
+        return
+    listed = table("id", "name", "state", "round", "val loss", "spent", "budget", ids=["id"])
+    for j in jobs:
+        row = (j.id, j.name, j.state, f"{j.round}/{j.rounds}", _f(j.val_loss), credits(j.spent))
+        listed.add_row(*row, credits(j.budget))
+    console.print(listed)
 
 
 @job_app.command("show")
-def show(job_id: JobId, url: Url = None, token: Token = None) -> None:
+def show(job_id: JobId, as_json: Json = False, url: Url = None, token: Token = None) -> None:
     """A job's state, its tasks (and why each node was chosen), rounds, costs and verdicts."""
     job = consumer_client(url, token).job(job_id)
+    if as_json:
+        print_json(job)
+        return
     _summary(job)
     clearing = "" if job.clearing_price is None else f"; clearing price {job.clearing_price:.3f} credits/h"
     console.print(f"pricing: {job.spec.pricing}{clearing}", highlight=False)
-    tasks = Table("task", "role", "state", "node", "epoch", "why this node, or why none", title="tasks")
+    tasks = table("task", "role", "state", "node", "epoch", ids=["task", "node"], title="tasks")
     for t in job.tasks:
-        tasks.add_row(t.id, f"{t.role} {t.index}", t.state, t.node_id or "-", str(t.epoch), t.placement)
-    rounds = Table("round", "val loss", "train loss", "contributions", title="rounds")
+        tasks.add_row(t.id, f"{t.role} {t.index}", t.state, t.node_id or "-", str(t.epoch))
+    console.print(tasks)
+    # below the table, not in a column of it: a reason is a sentence, which a column squeezed to fit
+    # 80 columns beside the ids would wrap to a dozen lines
+    for t in job.tasks:
+        if t.placement:
+            console.print(f"{t.role} {t.index}: {t.placement}", markup=False, highlight=False)
+    rounds = table("round", "val loss", "train loss", "contributions", title="rounds")
     for r in job.rounds_log:
         rounds.add_row(str(r.round), _f(r.val_loss), _f(r.train_loss), str(r.contributions))
-    costs = Table("node", "name", "kind", "seconds", "credits", title="costs")
-    for c in job.costs:
-        costs.add_row(c.node_id, c.name, c.kind, f"{c.seconds:.1f}", f"{c.cost:.6f}")
-    for table in (tasks, rounds, costs):
-        console.print(table)
+    console.print(rounds)
+    console.print(cost_table(job))
     if job.verdicts:
         console.print(verdict_table(job.verdicts))
 
 
-def verdict_table(verdicts: list[Verdict]) -> Table:
-    """What verification found, newest first: a guilty node was slashed and barred from the job."""
-    table = Table(
-        "round", "task", "node", "check", "verdict", "slashed", "withheld", "reason", title="verdicts"
+def verdict_table(verdicts: list[Verdict]) -> Group:
+    """What verification found, newest first: a guilty node was slashed and barred from the job. The
+    checks' reasons follow the table, one line each, so it fits 80 columns with its ids whole."""
+    verdict_rows = table(
+        "round", "task", "node", "verdict", "slashed", "withheld", ids=["task", "node"], title="verdicts"
     )
+    reasons = []
     for v in verdicts:
         outcome = "[red]guilty[/red]" if v.guilty else "[green]clean[/green]"
-        table.add_row(
-            str(v.round),
-            v.task_id,
-            v.node_id,
-            v.check,
-            outcome,
-            f"{v.slashed:.6f}",
-            f"{v.withheld:.6f}",
-            v.reason,
-        )
-    return table
+        row = (str(v.round), v.task_id, v.node_id, outcome, credits(v.slashed), credits(v.withheld))
+        verdict_rows.add_row(*row)
+        reasons.append(Text(f"round {v.round}, task {v.task_id} ({v.check}): {v.reason}"))
+    return Group(verdict_rows, *reasons)
 
 
 @job_app.command("logs")
 def logs(job_id: JobId, url: Url = None, token: Token = None) -> None:
-    """A job's event log: placements, leases, rounds, failures."""
+    """A job's event log: placements, leases, rounds, failures, and its tasks' own lines, each headed by
+    who wrote it (``[worker 1 on NAME (NODE_ID)]``)."""
     for e in consumer_client(url, token).logs(job_id):
-        console.print(f"[dim]{e.at:%H:%M:%S}[/] {e.message}", markup=True, highlight=False)
+        # escaped: a line's head ``[worker 1 on …]`` would otherwise be taken for markup, and vanish
+        console.print(f"[dim]{e.at:%H:%M:%S}[/] {escape(e.message)}", highlight=False)
 
 
 @job_app.command("cancel")
 def cancel(job_id: JobId, url: Url = None, token: Token = None) -> None:
     """Cancel a job: providers are paid for time used, the rest is refunded."""
     job = consumer_client(url, token).cancel(job_id)
-    console.print(f"job {job.id} {job.state}; spent {job.spent:.6f} credits, the rest refunded")
+    refund = credits(job.budget - job.spent)
+    console.print(
+        f"job {job.id} {job.state}; spent {credits(job.spent)} of a {credits(job.budget)} budget, "
+        f"{refund} refunded"
+    )
 
 
 @job_app.command("fetch")
 def fetch(
     job_id: JobId,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="file to write")] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="file to write \\[default: JOB_ID.safetensors]")
+    ] = None,
     url: Url = None,
     token: Token = None,
 ) -> None:
-    """Download a job's final checkpoint (safetensors)."""
-    output = output or Path(f"{job_id}.safetensors")
-    output.write_bytes(consumer_client(url, token).checkpoint(job_id))
-    console.print(f"checkpoint written to {output}")
+    """Download a job's model (safetensors): the final one once the job completed; before that, or if it
+    failed or was cancelled, its newest checkpoint, and it says of which round."""
+    client = consumer_client(url, token)
+    data = client.checkpoint(job_id)
+    job = client.job(job_id)  # read after the download: its rounds include the one the checkpoint is of
+    digest = hashlib.sha256(data).hexdigest()
+    of_round = next((r.round for r in job.rounds_log if r.checkpoint == digest), job.round)
+    output = output or Path(f"{job.id}.safetensors")
+    output.write_bytes(data)
+    if job.state == "completed" and digest == job.checkpoint:
+        console.print(f"final model of job {job.id} (round {of_round}) written to {output}", highlight=False)
+        return
+    status = (
+        f"is still {job.state} (round {job.round}/{job.rounds}): fetch again once it completes"
+        if job.state not in TERMINAL
+        else f"ended {job.state} at round {job.round}/{job.rounds}"
+    )
+    console.print(
+        f"checkpoint of round {of_round} written to {output}; not a final model: job {job.id} {status}",
+        highlight=False,
+    )
 
 
 @job_app.command("watch")
 def watch(job_id: JobId, url: Url = None, token: Token = None) -> None:
-    """Follow a job live until it ends: round, losses, live workers, credits spent."""
-    _summary(watch_job(consumer_client(url, token), job_id, console))
+    """Follow a job live until it ends: round, losses, live workers, credits spent.
+
+    Exit code: 0 completed, 3 failed, 4 cancelled, 130 stopped watching (Ctrl-C; the job goes on)."""
+    _follow(consumer_client(url, token), job_id)
 
 
 @job_app.command("report")
@@ -253,8 +289,6 @@ def report(
     token: Token = None,
 ) -> None:
     """Write a job's loss curve (PNG) and cost table (CSV beside it); print the costs."""
-    from gpuflex.cli.report import cost_table, write_report
-
     job = consumer_client(url, token).job(job_id)
     table_path = write_report(job, output)
     console.print(cost_table(job))
@@ -269,5 +303,22 @@ def _summary(job: JobInfo) -> None:
     console.print(
         f"job [bold]{job.id}[/] {job.name}: {job.state}{' (' + job.reason + ')' if job.reason else ''}; "
         f"round {job.round}/{job.rounds}; val loss {_f(job.initial_val_loss)} -> {_f(job.val_loss)}; "
-        f"spent {job.spent:.6f} of {job.budget:.2f} credits"
+        f"spent {credits(job.spent)} of {credits(job.budget)} credits"
     )
+
+
+def _follow(client: Client, job_id: str) -> None:
+    """Watch a job to its end and exit with the code its end has (``EXIT_CODES``). Ctrl-C stops the
+    watching, not the job: say so, and how to watch it again or cancel it."""
+    try:
+        job = watch_job(client, job_id, console)
+    except KeyboardInterrupt:
+        Console(stderr=True).print(
+            f"stopped watching; job {job_id} goes on, and spends its budget, until it ends.\n"
+            f"  watch it again: gpuflex job watch {job_id}\n"
+            f"  cancel it:      gpuflex job cancel {job_id}",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
+    _summary(job)
+    raise typer.Exit(EXIT_CODES.get(job.state, 0))

@@ -21,7 +21,7 @@ console = Console()
 
 @operator_app.command("slash")
 def slash(
-    node_id: Annotated[str, typer.Argument(help="the node's id, as `gpuflex offers` lists it")],
+    node_id: Annotated[str, typer.Argument(help="node id or a unique prefix, from `gpuflex offers`")],
     amount: Annotated[float, typer.Argument(help="credits of stake to take", min=0)],
     evidence: Annotated[str, typer.Option(help="what the node did and how it was found: kept for all")],
     job: Annotated[str | None, typer.Option(help="also withhold the node's held pay for this job")] = None,

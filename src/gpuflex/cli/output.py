@@ -11,7 +11,7 @@ import typer
 from pydantic import BaseModel
 from rich.table import Table
 
-from gpuflex.protocol.money import credits_text
+from gpuflex.protocol.money import format_credits
 
 Json = Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of a table")]
 
@@ -43,6 +43,6 @@ def _plain(data: Any) -> Any:
 
 
 def credits(amount: float) -> str:
-    """An amount of credits with as many decimals as it has, up to the micro-credit, at least two:
-    a budget of 0.001 prints as 0.001 (not 0.00), 10 as 10.00. The coordinator's messages print the same."""
-    return credits_text(amount)
+    """An amount of credits with the precision it was given: 0.001 prints as 0.001 (not 0.00), 10 as
+    10.00 (``protocol.money.format_credits``, which the dashboard prints budgets with too)."""
+    return format_credits(amount)

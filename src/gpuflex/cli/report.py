@@ -8,11 +8,15 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from rich.table import Table
+from rich.console import Group
+from rich.text import Text
 
+from gpuflex.cli.output import credits, table
 from gpuflex.protocol.messages import JobDetail
 
-CSV_FIELDS = ("node_id", "name", "kind", "seconds", "credits", "share")
+# credits: what the node was paid (as the ledger settles it); metered: its lease time at its price, more
+# than credits only when the budget ran out
+CSV_FIELDS = ("node_id", "name", "kind", "seconds", "credits", "share", "metered")
 SERIES = (("val_loss", "validation", "o-"), ("train_loss", "train (mean of workers)", "s--"))
 
 
@@ -53,6 +57,7 @@ def cost_rows(job: JobDetail) -> list[dict[str, object]]:
             "seconds": round(c.seconds, 1),
             "credits": round(c.cost, 6),
             "share": round(c.cost / total, 4) if total else 0.0,
+            "metered": c.cost if c.metered is None else round(c.metered, 6),
         }
         for c in job.costs
     ]
@@ -65,10 +70,16 @@ def write_csv(job: JobDetail, output: Path) -> None:
         writer.writerows(cost_rows(job))
 
 
-def cost_table(job: JobDetail) -> Table:
-    table = Table("node", "name", "kind", "seconds", "credits", "share", title=f"cost of {job.name}")
-    for row in cost_rows(job):
-        table.add_row(
+def cost_table(job: JobDetail) -> Group:
+    """What each node cost, as the ledger settles it (``credits`` add up to ``spent``), and below the
+    table what was spent of the budget, per round, and, when the budget ran out before the leases'
+    meter stopped, what they metered."""
+    costs = table(
+        "node", "name", "kind", "seconds", "credits", "share", ids=["node"], title=f"cost of {job.name}"
+    )
+    rows = cost_rows(job)
+    for row in rows:
+        costs.add_row(
             str(row["node_id"]),
             str(row["name"]),
             str(row["kind"]),
@@ -76,9 +87,15 @@ def cost_table(job: JobDetail) -> Table:
             f"{row['credits']:.6f}",
             f"{row['share']:.0%}",
         )
-    per_round = f"; {job.spent / job.round:.6f} per round" if job.round else ""
-    table.caption = f"spent {job.spent:.6f} of {job.budget:.2f} credits{per_round}"
-    return table
+    per_round = f"; {credits(job.spent / job.round)} per round" if job.round else ""
+    notes = [f"spent {credits(job.spent)} of a {credits(job.budget)} budget{per_round}"]
+    metered = sum(float(row["metered"]) for row in rows)
+    if round(metered, 6) > round(job.spent, 6):
+        notes.append(
+            f"the budget ran out: the leases metered {metered:.6f} credits, and each node was paid its "
+            "metered cost cut in proportion to fit the budget (credits; the CSV and --json have both)"
+        )
+    return Group(costs, *(Text(note) for note in notes))
 
 
 def write_report(job: JobDetail, output: Path) -> Path:

@@ -7,10 +7,14 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gpuflex.cli.output import credits
 from gpuflex.client import Client
 from gpuflex.protocol.messages import JobInfo
 
 TERMINAL = ("completed", "failed", "cancelled")
+# how `submit --watch` and `job watch` exit, so a script can tell how the job ended (README: "Use it");
+# Ctrl-C exits 130
+EXIT_CODES = {"completed": 0, "failed": 3, "cancelled": 4}
 
 
 def _loss(x: float | None) -> str:
@@ -21,7 +25,7 @@ def _describe(job: JobInfo) -> str:
     state = "" if job.state == "running" else f"{job.state} "
     return (
         f"{state}loss {_loss(job.train_loss)}/{_loss(job.val_loss)} (train/val) "
-        f"{job.live_workers} workers {job.spent:.5f} cr"
+        f"{job.live_workers} workers {credits(job.spent)}/{credits(job.budget)} cr"
     )
 
 

@@ -25,7 +25,7 @@ def settle_job(
     ``costs`` maps provider account -> metered micro-credits.
     """
     _validate(escrow_balance, costs, fee_bps, consumer_account, escrow_account)
-    paid = _scale_to(costs, escrow_balance)
+    paid = scale_to(costs, escrow_balance)
     amounts: dict[str, int] = {escrow_account: -escrow_balance}
     fees = 0
     for account, pay in paid.items():
@@ -37,8 +37,9 @@ def settle_job(
     return tuple(sorted((account, amount) for account, amount in amounts.items() if amount != 0))
 
 
-def _scale_to(costs: Mapping[str, int], limit: int) -> dict[str, int]:
-    """Costs unchanged if they fit in ``limit``; else scaled in proportion to sum exactly to ``limit``."""
+def scale_to(costs: Mapping[str, int], limit: int) -> dict[str, int]:
+    """Costs unchanged if they fit in ``limit``; else scaled in proportion to sum exactly to ``limit``:
+    what settlement pays each provider (before the fee) out of an escrow of ``limit``."""
     total = sum(costs.values())
     if total <= limit:
         return dict(costs)

@@ -255,7 +255,13 @@ class NodeCost(Message):
     name: str
     kind: NodeKind
     seconds: float
-    cost: float
+    cost: float = Field(
+        description="what the job's owner pays for this node, as settlement pays it: its metered cost, "
+        "cut in proportion when the budget ran out; a job's costs add up to its `spent`"
+    )
+    metered: float | None = Field(
+        None, description="its lease time at its price; more than `cost` only when the budget ran out"
+    )
 
 
 class JobDetail(JobInfo):

@@ -95,10 +95,6 @@ class _Aggregator:
         self.summary.val_losses[round] = val_loss
         self.summary.contributions += len(used)
         self.summary.bytes_published += len(update or b"")
-        self.transport.log(
-            f"published round {round}: {len(used)} contributions, val loss {_fmt(val_loss)}, "
-            f"train loss {_fmt(train_loss)}, update {len(update or b'') / 1e3:.1f} kB"
-        )
 
     def step(self, used: list[tuple[Contribution, Delta]]) -> bytes:
         """Average, compress for the downlink, and take the outer step with what the workers will see."""
@@ -237,10 +233,6 @@ def _start(agg: _Aggregator, compressor: Compressor) -> bool:
     agg.tokens = latest.tokens
     agg.transport.log(f"resuming at round {latest.round} from checkpoint round {latest.checkpoint_round}")
     return True
-
-
-def _fmt(loss: float | None) -> str:
-    return "-" if loss is None else f"{loss:.4f}"
 
 
 class _Gatherer:

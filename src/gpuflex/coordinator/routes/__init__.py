@@ -12,7 +12,7 @@ _WHY = {
     402: "the wallet does not cover it",
     403: "authenticated, but not allowed",
     404: "no such id (or not yours)",
-    409: "the current state does not allow it",
+    409: "the current state does not allow it, or an id prefix fits several ids (the detail lists them)",
     413: "the body is over the size limit",
     422: "a field is missing or invalid (the detail names it)",
     429: "too many requests: retry after Retry-After seconds",

@@ -1,4 +1,4 @@
-"""Jobs, seen only by the account that submitted them."""
+"""Jobs, seen only by the account that submitted them; ``{job_id}`` may be a unique prefix of the id."""
 
 import logging
 
@@ -43,7 +43,7 @@ def cancel(job_id: str, account: Consumer, ctx: Ctx) -> m.JobInfo:
         fee_bps = governance.platform_fee_bps(s, ctx.settings, ctx.now())
         job = jobs.cancel(s, account, job_id, ctx.now(), fee_bps=fee_bps)
         info = jobs.info(s, job, ctx.now())
-    log.info("job cancelled", extra={"job_id": job_id})
+    log.info("job cancelled", extra={"job_id": info.id})
     return info
 
 
@@ -66,11 +66,12 @@ def logs(job_id: str, account: Consumer, ctx: Ctx) -> list[m.JobEvent]:
     responses={200: {"content": {"application/octet-stream": {}}}},
 )
 def checkpoint(job_id: str, account: Consumer, ctx: Ctx, metrics: Metrics) -> Response:
-    """The job's final model as safetensors bytes."""
+    """The job's model as safetensors bytes: the final one once the job completed, else its newest
+    checkpoint (``rounds_log`` says which round has this ``X-Content-SHA256``)."""
     with ctx.tx() as s:
         job = jobs.owned(s, account, job_id)
     if job.checkpoint is None:
-        raise Conflict(f"job {job_id} has no checkpoint yet ({job.state})")
+        raise Conflict(f"job {job.id} has no checkpoint yet ({job.state})")
     data = ctx.blobs.get(job.checkpoint)
     metrics.bytes_out.inc(len(data))
     return Response(

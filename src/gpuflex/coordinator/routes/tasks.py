@@ -6,10 +6,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response
 
 from gpuflex.coordinator.auth import Ctx, TaskLease
-from gpuflex.coordinator.db import JobEvent
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import governance, rounds, verification
+from gpuflex.coordinator.services import governance, jobs, rounds, verification
 from gpuflex.protocol import messages as m
 
 # A task token stops working when its lease ends (409); ids it names may not exist (404).
@@ -112,5 +111,5 @@ def publish(body: m.RoundPublish, lease: TaskLease, ctx: Ctx, metrics: Metrics) 
 @router.post("/log")
 def log(body: m.TaskLog, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
     with ctx.tx() as s:
-        s.add(JobEvent(job_id=lease.job_id, at=ctx.now(), message=f"[{lease.node_id}] {body.message}"))
+        jobs.log_from_task(s, lease, body.message, ctx.now())
     return {"status": "logged"}

@@ -24,9 +24,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import AccountBalance, Node, Proposal, Vote, new_id
-from gpuflex.coordinator.services import ledger
+from gpuflex.coordinator.services import ids, ledger
 from gpuflex.coordinator.settings import CoordinatorSettings
-from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
+from gpuflex.errors import BadRequest, Conflict, Forbidden
 from gpuflex.ledger import accounts
 from gpuflex.ledger import governance as rules
 from gpuflex.protocol import messages as m
@@ -99,10 +99,8 @@ def propose(
 
 
 def get(session: Session, proposal_id: str, *, for_update: bool = False) -> Proposal:
-    proposal = session.get(Proposal, proposal_id, with_for_update=for_update)
-    if proposal is None:
-        raise NotFound(f"no proposal {proposal_id}")
-    return proposal
+    """A proposal by its id or a unique prefix of it."""
+    return ids.lookup(session, Proposal, proposal_id, what="proposal", for_update=for_update)
 
 
 def vote(session: Session, node: Node, proposal_id: str, msg: m.VoteCast, now: float) -> Vote:

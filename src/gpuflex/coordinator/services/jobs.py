@@ -14,13 +14,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import leases, ledger, specs, verification
+from gpuflex.coordinator.services import ids, leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
-from gpuflex.errors import BadRequest, Conflict, InsufficientFunds, NotFound
+from gpuflex.errors import BadRequest, Conflict, InsufficientFunds
 from gpuflex.ledger import accounts
-from gpuflex.ledger.settlement import settle_job
+from gpuflex.ledger.settlement import scale_to, settle_job
 from gpuflex.protocol import messages as m
-from gpuflex.protocol.money import credits_text, to_credits, to_micro
+from gpuflex.protocol.money import format_credits, to_credits, to_micro
 from gpuflex.storage import BlobStore
 
 MAX_TASK_FAILURES = 3
@@ -68,7 +68,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
 def _short_of(wallet_micro: int, budget_micro: int) -> str:
     """A wallet short of a job's budget, in its owner's words, with the deposit that would cover it."""
     have, budget, missing = (
-        credits_text(to_credits(x)) for x in (wallet_micro, budget_micro, budget_micro - wallet_micro)
+        format_credits(to_credits(x)) for x in (wallet_micro, budget_micro, budget_micro - wallet_micro)
     )
     return (
         f"your wallet holds {have} credits and this job's budget is {budget}: "
@@ -77,11 +77,9 @@ def _short_of(wallet_micro: int, budget_micro: int) -> str:
 
 
 def owned(session: Session, account: Account, job_id: str) -> Job:
-    """The job, if it is this account's; someone else's job is as unknown as a missing one."""
-    job = session.get(Job, job_id)
-    if job is None or job.account_id != account.id:
-        raise NotFound(f"no job {job_id}")
-    return job
+    """The job, if it is this account's, by its id or a unique prefix of it (``ids``); someone else's job
+    is as unknown as a missing one. Every query of a consumer's job passes here."""
+    return ids.lookup(session, Job, job_id, Job.account_id == account.id, what="job")
 
 
 def list_for(session: Session, account: Account) -> list[Job]:
@@ -145,7 +143,7 @@ def finish(session: Session, job: Job, state: str, reason: str, now: float, *, f
 def cancel(session: Session, account: Account, job_id: str, now: float, *, fee_bps: int) -> Job:
     job = owned(session, account, job_id)
     if job.state not in OPEN_JOB_STATES:
-        raise Conflict(f"job {job_id} has already ended ({job.state})")
+        raise Conflict(f"job {job.id} has already ended ({job.state})")
     finish(session, job, "cancelled", f"cancelled by {account.name}", now, fee_bps=fee_bps)
     return job
 
@@ -232,14 +230,18 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
 
 
 def _costs(session: Session, job: Job, now: float) -> list[m.NodeCost]:
+    """Each node's lease time, metered cost, and what the owner pays for it: the metered costs cut to the
+    budget as settlement cuts them (``scale_to``), so they add up to ``spent`` and, once the job has
+    ended, to what the ledger settled."""
     seconds: dict[str, float] = defaultdict(float)
-    cost: dict[str, int] = defaultdict(int)
+    metered: dict[str, int] = defaultdict(int)
     for lease in session.scalars(select(Lease).where(Lease.job_id == job.id)):
         end = lease.ended_at if lease.ended_at is not None else min(now, lease.expires_at)
         seconds[lease.node_id] += max(0.0, end - lease.granted_at)
-        cost[lease.node_id] += leases.metered_cost(lease, now)
+        metered[lease.node_id] += leases.metered_cost(lease, now)
+    paid = scale_to(metered, job.budget_micro)
     out = []
-    for node_id in sorted(cost):
+    for node_id in sorted(metered):
         node = session.get(Node, node_id)
         out.append(
             m.NodeCost(
@@ -247,7 +249,8 @@ def _costs(session: Session, job: Job, now: float) -> list[m.NodeCost]:
                 name=node.name,
                 kind=node.kind,
                 seconds=round(seconds[node_id], 3),
-                cost=to_credits(cost[node_id]),
+                cost=to_credits(paid[node_id]),
+                metered=to_credits(metered[node_id]),
             )
         )
     return out
@@ -256,3 +259,10 @@ def _costs(session: Session, job: Job, now: float) -> list[m.NodeCost]:
 def events(session: Session, job: Job) -> list[m.JobEvent]:
     rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))
     return [m.JobEvent(at=e.at, message=e.message) for e in rows]
+
+
+def log_from_task(session: Session, lease: Lease, message: str, now: float) -> None:
+    """A task's own line in its job's log, saying who wrote it: ``[worker 1 on c0 (n-…)] message``."""
+    task, node = session.get(Task, lease.task_id), session.get(Node, lease.node_id)
+    who = f"{task.role} {task.index} on {node.name} ({node.id})"
+    session.add(JobEvent(job_id=lease.job_id, at=now, message=f"[{who}] {message}"))

@@ -231,12 +231,17 @@ def publish(
     job.train_loss = msg.train_loss
     if msg.round == 0:
         job.initial_val_loss = msg.val_loss
-    loss = f", val loss {msg.val_loss:.4f}" if msg.val_loss is not None else ""
+    losses = "".join(
+        f", {which} loss {loss:.4f}"
+        for which, loss in (("val", msg.val_loss), ("train", msg.train_loss))
+        if loss is not None
+    )
+    # the job's one line per round: the aggregator does not log its own publishing
     session.add(
         JobEvent(
             job_id=job.id,
             at=now,
-            message=f"round {msg.round} published ({msg.contributions} contributions{loss})",
+            message=f"round {msg.round} published ({msg.contributions} contributions{losses})",
         )
     )
     session.flush()

@@ -16,8 +16,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, Lease, Node, Slash, new_id
-from gpuflex.coordinator.services import governance, ledger, payouts
-from gpuflex.errors import BadRequest, Conflict, NotFound
+from gpuflex.coordinator.services import governance, ids, ledger, payouts
+from gpuflex.errors import BadRequest, Conflict
 from gpuflex.ledger import accounts
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits
@@ -94,14 +94,10 @@ def slash(
 
     The stake may hold less than the verdict asks: what is there is taken, and the record says so.
     """
-    node = session.get(Node, node_id)
-    if node is None:
-        raise NotFound(f"no node {node_id}")
+    node_id = ids.lookup(session, Node, node_id, what="node").id
     if not evidence.strip():
         raise BadRequest("a slash needs its evidence: say what the node did and how it was found")
-    job = session.get(Job, job_id) if job_id else None
-    if job_id and job is None:
-        raise NotFound(f"no job {job_id}")
+    job = ids.lookup(session, Job, job_id, what="job") if job_id else None
     taken = min(amount_micro, ledger.balance(session, accounts.stake(node_id)))
     if taken:
         ledger.append(
@@ -115,7 +111,7 @@ def slash(
     record = Slash(
         id=new_id("s"),
         node_id=node_id,
-        job_id=job_id,
+        job_id=job.id if job else None,
         amount_micro=taken,
         withheld_micro=withheld,
         evidence=evidence,

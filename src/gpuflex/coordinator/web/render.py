@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse
 
 from gpuflex.coordinator.web.viewer import current_viewer
-from gpuflex.protocol.money import to_credits
+from gpuflex.protocol.money import format_credits, to_credits
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
@@ -72,7 +72,10 @@ def percent(x: float | None) -> str:
 
 
 templates = Jinja2Templates(directory=str(TEMPLATES))
-templates.env.filters.update(credits=credits, size=size, clock=clock, loss=loss, percent=percent)
+# budget: an amount with the precision it was given (a budget of 0.001 is not 0.00)
+templates.env.filters.update(
+    credits=credits, budget=format_credits, size=size, clock=clock, loss=loss, percent=percent
+)
 templates.env.globals.update(ago=ago)
 
 

@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 
+from gpuflex.errors import Conflict, GPUFlexError
 from gpuflex.protocol.messages import ContributionSubmit
 from gpuflex.protocol.spec import VerificationSpec
 from gpuflex.train.aggregator import run_aggregator
@@ -25,9 +26,14 @@ def _start(spec, corpus: bytes, live_workers: int) -> tuple[LocalTransport, thre
     transport = LocalTransport(spec.rounds, live_workers)
     config = task_config(spec, transport.put_blob(corpus), "aggregator")
     out: list = []
-    thread = threading.Thread(
-        target=lambda: out.append(run_aggregator(config, transport, poll_interval_s=POLL))
-    )
+
+    def run() -> None:
+        try:
+            out.append(run_aggregator(config, transport, poll_interval_s=POLL))
+        except GPUFlexError as err:  # the test reads it: a thread's exception would be lost
+            out.append(err)
+
+    thread = threading.Thread(target=run)
     thread.start()
     while transport.latest_round() is None:
         thread.join(POLL)
@@ -93,6 +99,25 @@ def test_unusable_contributions_are_skipped(corpus):
     assert history[1].state_hash == history[0].state_hash  # a zero step leaves the model unchanged
     rejected = {m.split(":")[0] for _, m in transport.logs() if m.startswith("rejected")}
     assert rejected == {f"rejected contribution of task {t}" for t in ("garbage", "poisoned", "misshapen")}
+
+
+def test_a_slow_round_is_waited_for_while_a_worker_is_live(corpus):
+    spec = tiny_spec(rounds=1, round_timeout_s=0.2)
+    transport, thread, out = _start(spec, corpus, live_workers=1)
+    thread.join(1.0)  # five round timeouts with nothing in: a live worker may still be training
+    assert thread.is_alive() and not out
+    _contribute(transport, "w0", {n: torch.zeros_like(p) for n, p in _params(spec).items()}, 1, "int8")
+    thread.join(30)
+    assert out[0].finished
+
+
+def test_a_round_nobody_is_left_to_contribute_to_ends_with_an_error(corpus):
+    spec = tiny_spec(rounds=2, round_timeout_s=0.3)
+    transport, thread, out = _start(spec, corpus, live_workers=1)
+    transport.set_live_workers(0)  # the only worker left (or was excluded), and nobody re-leases it here
+    thread.join(30)
+    assert not thread.is_alive(), "the aggregator waits for a round nobody can contribute to"
+    assert isinstance(out[0], Conflict) and "round 0: no worker left to contribute" in out[0].message
 
 
 def test_round_zero_is_the_seeded_model_with_its_validation_loss(corpus):

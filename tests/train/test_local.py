@@ -81,3 +81,21 @@ def test_a_slowdown_sleeps_k_minus_one_times_each_step():
     slow(0.5)
     assert sleeps == [1.0]
     assert slowdown_hook(1.0) is None
+
+
+def test_a_run_whose_workers_all_stopped_before_the_end_is_an_error_not_a_wait():
+    """Every worker gone (excluded by verdicts, say) while the aggregator waits: nobody is left."""
+    from gpuflex.train.local import _Outcome, orphaned
+    from gpuflex.train.worker import WorkerSummary
+
+    def ended(task: str, finished: bool, rounds: list[int]) -> _Outcome:
+        return _Outcome(task, WorkerSummary(contributed=rounds, finished=finished))
+
+    workers = {"worker-0", "worker-1"}
+    stopped = {"worker-0": ended("worker-0", False, [7, 8]), "worker-1": ended("worker-1", False, [8])}
+    why = orphaned(stopped, workers, tasks=3)
+    assert why is not None and "worker-0 round 8, worker-1 round 8" in why
+    assert orphaned({"worker-0": stopped["worker-0"]}, workers, tasks=3) is None  # one still works
+    done = {**stopped, "worker-1": ended("worker-1", True, [9])}
+    assert orphaned(done, workers, tasks=3) is None  # one saw the job finish: the aggregator ends too
+    assert orphaned({**stopped, "aggregator-0": _Outcome("aggregator-0")}, workers, tasks=3) is None

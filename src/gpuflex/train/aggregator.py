@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from gpuflex.errors import BadRequest
+from gpuflex.errors import BadRequest, Conflict
 from gpuflex.protocol.messages import Contribution, RoundPublish, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.compression import Compressor, ErrorFeedback, get_compressor
@@ -255,8 +255,15 @@ class _Gatherer:
         self.deadline = 0.0  # of the round being gathered
 
     def wait(self, round: int, timeout_s: float) -> list[tuple[Contribution, Delta]] | None:
-        """The usable contributions of ``round`` once there is a quorum; None if told to stop first."""
-        deadline = self.deadline = time.monotonic() + timeout_s
+        """The usable contributions of ``round`` once there is a quorum; None if told to stop first.
+
+        Past the deadline one usable contribution is enough. With none, the round waits on as long as some
+        worker is live (a slow first round, a replacement on its way); once no worker has been live for
+        ``timeout_s`` and nothing usable came, nobody is left to contribute: that is an error, not a wait
+        without end."""
+        now = time.monotonic()
+        deadline = self.deadline = now + timeout_s
+        last_live = now
         self.decoded = {}  # the previous round's blobs are no use any more
         while not self.should_stop():
             listing = self.transport.contributions(round)
@@ -264,8 +271,16 @@ class _Gatherer:
             arrived = sorted(listing.contributions, key=lambda c: c.task_id)
             usable = [(c, d) for c in arrived if (d := self._decode(c)) is not None]
             quorum = max(1, listing.live_workers)
-            if len(usable) >= quorum or (usable and time.monotonic() >= deadline):
+            now = time.monotonic()
+            if len(usable) >= quorum or (usable and now >= deadline):
                 return usable
+            if listing.live_workers > 0:
+                last_live = now
+            elif now - last_live >= timeout_s:
+                raise Conflict(
+                    f"round {round}: no worker left to contribute ({len(arrived)} contributions arrived, "
+                    f"none usable, and no worker live for {timeout_s:g}s: every worker left or was excluded)"
+                )
             time.sleep(self.poll_interval_s)
         return None
 

@@ -398,6 +398,20 @@ class _RemoteTraceback(Exception):
         return "\n" + self.args[0]
 
 
+def orphaned(outcomes: dict[str, _Outcome], workers: set[str], tasks: int) -> str | None:
+    """Why the job cannot finish, once every worker has ended without seeing it finish while a task
+    (the aggregator) still runs: nobody is left to contribute to its round. None while it can."""
+    if len(outcomes) == tasks or any(w not in outcomes or outcomes[w].summary.finished for w in workers):
+        return None
+    last = ", ".join(
+        f"{w} round {max(outcomes[w].summary.contributed, default='-')}" for w in sorted(workers)
+    )
+    return (
+        f"every worker stopped before the job's last round (last accepted contributions: {last}), so "
+        "nobody is left to contribute; the job's log says why (a guilty verdict ends a worker's part)"
+    )
+
+
 class _Children:
     """The task processes: started, collected, and on the way out stopped, then terminated if need be."""
 
@@ -407,6 +421,7 @@ class _Children:
         self.stop, self.stop_writer = self.context.Pipe(duplex=False)  # closing the writer says "stop"
         self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
         self.results: dict[Connection, str] = {}
+        self.workers: set[str] = set()
 
     def __enter__(self) -> _Children:
         return self
@@ -419,6 +434,8 @@ class _Children:
         writer.close()  # the child holds the only writer: its exit shows as EOF here
         self.processes[config.task_id] = process
         self.results[reader] = config.task_id
+        if config.role == "worker":
+            self.workers.add(config.task_id)
 
     def collect(self, tick: Callable[[], None], timeout_s: float | None) -> dict[str, _Outcome]:
         """Every task's outcome; raises the first failure, or ServiceError after ``timeout_s``."""
@@ -429,6 +446,8 @@ class _Children:
                 outcome = self._receive(reader)
                 outcomes[outcome.task_id] = outcome
             tick()
+            if (why := orphaned(outcomes, self.workers, len(self.processes))) is not None:
+                raise ServiceError(why)
             if deadline is not None and time.monotonic() > deadline:
                 raise ServiceError(f"the job did not finish within {timeout_s:g}s")
         return outcomes

@@ -34,11 +34,9 @@ def upload_inputs(client: Client, spec: JobSpec) -> dict[str, str | None]:
     dataset = None
     if spec.data.prepared is not None:
         up = upload_prepared(client, spec, Path(spec.data.prepared).expanduser())
-        console.print(
-            f"dataset {up.manifest}: uploaded {up.sent} of {up.shards} shards ({up.sent_bytes:,} bytes); "
-            "the others were there already",
-            highlight=False,
-        )
+        there = f"; the other {up.shards - up.sent} were there already" if up.sent < up.shards else ""
+        sent = f"uploaded {up.sent} of {up.shards} shards ({up.sent_bytes:,} bytes)"
+        console.print(f"dataset {up.manifest}: {sent}{there}", highlight=False)
         dataset = up.manifest
     elif spec.data.source is not None and spec.data.source != "none":
         dataset = client.upload(build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions))

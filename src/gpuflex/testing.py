@@ -110,6 +110,16 @@ def write_corpus(directory: Path, *, files: int = 4, lines: int = 400) -> None:
         (directory / f"part{i}.txt").write_text(text)
 
 
+def prepare_bytes(text_dir: Path, out: Path, *, shard_tokens: int, val_tokens: int) -> Path:
+    """``gpuflex data prepare TEXT_DIR --bytes``: a prepared dataset of ``write_corpus`` text, in ``out``."""
+    from gpuflex.data.prepare import prepare
+    from gpuflex.data.sources import Source
+    from gpuflex.data.tokenizer import ByteTokenizer
+
+    prepare(Source([str(text_dir)]), ByteTokenizer(), out, shard_tokens=shard_tokens, val_tokens=val_tokens)
+    return out
+
+
 def train_bpe(documents: list[str], vocab_size: int, eos: str = "<|endoftext|>") -> tokenizers.Tokenizer:
     """A byte-level BPE tokenizer with an EOS token, trained on ``documents`` (nothing downloaded)."""
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())

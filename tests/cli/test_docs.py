@@ -3,6 +3,7 @@ says what the code does: the governance rules as the settings set them, the offe
 whole, what the example job needs, the compression methods the spec accepts."""
 
 import re
+import shlex
 from importlib.resources import files
 from pathlib import Path
 from typing import get_args
@@ -68,3 +69,23 @@ def test_the_example_job_lists_the_compression_methods_the_spec_accepts():
         get_args(CompressionSpec.model_fields["method"].annotation)
     )
     assert yaml.safe_load(EXAMPLE.read_text())["training"]["compression"] in listed
+
+
+def test_the_prepared_data_example_runs_as_its_comments_say(tmp_path, monkeypatch):
+    """Its `gpuflex data prepare` line, run from the repo root, makes a dataset the example job fits."""
+    from gpuflex.data.fit import check_job
+    from gpuflex.data.manifest import read_manifest
+
+    root = Path(__file__).parents[2]
+    example = root / "examples" / "prepared-data.yaml"
+    (line,) = re.findall(r"^#\s+gpuflex (data prepare .*)$", example.read_text(), re.MULTILINE)
+    args = shlex.split(line)
+    args[args.index("./prepared")] = str(tmp_path / "prepared")
+    monkeypatch.chdir(root)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    spec = load_job_spec(example)
+    manifest = read_manifest(tmp_path / "prepared")
+    check_job(manifest, spec)
+    assert spec.data.prepared == "./prepared"
+    assert len(manifest.train) >= 2 * spec.resources.workers  # each worker fetches whole shards of its own

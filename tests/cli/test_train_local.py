@@ -47,3 +47,35 @@ def test_a_bad_option_is_one_clear_line(args, message):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr
+
+
+def test_a_prepared_dataset_trains_each_worker_on_its_own_shards(tmp_path):
+    from gpuflex.testing import prepare_bytes, write_corpus
+
+    write_corpus(tmp_path / "text")
+    prepared = prepare_bytes(tmp_path / "text", tmp_path / "prepared", shard_tokens=18_000, val_tokens=4_000)
+    result = _gpuflex(
+        *("--workers", "2", "--rounds", "1", "--inner-steps", "3", "--batch-size", "8"),
+        *("--prepared", str(prepared)),
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.findall(r"^round +(\d+) .* (\d+) in", result.stdout, re.MULTILINE) == [("0", "0"), ("1", "2")]
+    assert "worker-0 read train-00000.bin, train-00001.bin, validation-00000.bin" in result.stdout
+    assert "worker-1 read train-00002.bin, train-00003.bin, validation-00000.bin" in result.stdout
+
+
+def test_a_prepared_dataset_too_small_for_the_job_is_one_clear_line(tmp_path):
+    from gpuflex.testing import prepare_bytes, write_corpus
+
+    write_corpus(tmp_path / "text", files=1, lines=20)
+    prepared = prepare_bytes(tmp_path / "text", tmp_path / "prepared", shard_tokens=400, val_tokens=40)
+    for args, message in [
+        (
+            ["--prepared", str(prepared)],
+            "validation split (40 tokens in 1 shard(s)) is too small for block_size",
+        ),
+        (["--prepared", str(tmp_path / "text")], "has no manifest.json: not a prepared dataset"),
+    ]:
+        result = _gpuflex(*args, timeout=60)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr

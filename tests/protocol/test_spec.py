@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,36 @@ def test_malformed_yaml_and_non_mappings_are_refused(tmp_path):
         job_spec_from_yaml("- a list")
     with pytest.raises(SpecError, match="cannot read"):
         load_job_spec(tmp_path / "missing.yaml")
+
+
+def test_data_is_a_source_or_a_prepared_dataset_and_either_survives_a_round_trip():
+    assert parse_job_spec({"name": "x"}).data.source == "stdlib"
+    prepared = parse_job_spec({"name": "x", "data": {"prepared": "./prepared"}})
+    assert (prepared.data.source, prepared.data.prepared) == (None, "./prepared")
+    for spec in (prepared, parse_job_spec({"name": "x", "data": {"source": "./text"}})):
+        assert parse_job_spec(spec.model_dump(mode="json")) == spec  # as the coordinator reads it back
+
+
+@pytest.mark.parametrize(
+    ("data", "training", "message"),
+    [
+        (
+            {"source": "stdlib", "prepared": "./p"},
+            {},
+            "data: Value error, give data.source or data.prepared, not both",
+        ),
+        (
+            {"prepared": "./p"},
+            {"recipe": "mlp-digits"},
+            "data.prepared trains a token model: recipe char-gpt or hf-causal-lm, not mlp-digits",
+        ),
+        (
+            {"prepared": "./p"},
+            {"local_devices": 2},
+            "data.prepared does not combine with training.local_devices > 1",
+        ),
+    ],
+)
+def test_a_prepared_dataset_is_refused_where_it_cannot_work(data, training, message):
+    with pytest.raises(SpecError, match=re.escape(message)):
+        parse_job_spec({"name": "x", "data": data, "training": training})

@@ -21,6 +21,7 @@ from gpuflex.agent.hardware import probe_hardware
 from gpuflex.agent.sandbox import Limits, TaskProcess, start_task
 from gpuflex.auth.signing import NodeKey
 from gpuflex.client import NodeClient
+from gpuflex.data.cache import ShardCache
 from gpuflex.errors import GPUFlexError
 from gpuflex.protocol import messages as m
 
@@ -41,6 +42,7 @@ class AgentConfig:
     emulate_step_s: float = 0.0  # > 0: pad each inner step to this long (one machine posing as many)
     lease_poll_s: float = 30.0  # idle, ask for work this often even unasked; a heartbeat says when to ask
     benchmark_s: float = 1.5
+    cache_gb: float = 20.0  # the shard cache (data_dir/cache) that tasks share: prepared datasets' shards
     limits: Limits = field(default_factory=Limits)
     # TESTING ONLY: every worker task plays this gpuflex.train.adversaries kind (a cheating provider,
     # for `gpuflex demo --cheater` and tests of verification). None: an honest provider.
@@ -67,6 +69,9 @@ class Agent:
         # rather than every idle agent polling the coordinator for work
         self.work = threading.Event()
         self.work.set()
+        # Tasks read and write the cache themselves (Landlock lets them: ``start_task``'s ``shared``): they
+        # fetch only the shards they turn out to need (an auditor's), and check every one's hash on use.
+        self.cache = ShardCache(config.data_dir / "cache", max(1, int(config.cache_gb * 2**30)))
         hours = config.available_hours
         self.available_until = None if hours is None else time.time() + hours * 3600
 
@@ -171,9 +176,12 @@ class Agent:
                 "GPUFLEX_TASK_TOKEN": grant.task_token,
                 "GPUFLEX_TASK_THREADS": str(self.config.task_threads),
                 "GPUFLEX_TASK_MIN_STEP_S": str(self.config.emulate_step_s),
+                "GPUFLEX_SHARD_CACHE": str(self.cache.root),
+                "GPUFLEX_SHARD_CACHE_BYTES": str(self.cache.limit_bytes),
             },
             limits=self.limits,
             log_path=workdir / "task.log",
+            shared=[self.cache.root],
         )
         self.task = RunningTask(grant, process)
         log.info(

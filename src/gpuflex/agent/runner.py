@@ -19,6 +19,8 @@ def main(argv: list[str]) -> int:
     import torch
 
     from gpuflex.client import TaskClient
+    from gpuflex.data.cache import ShardCache
+    from gpuflex.data.fetch import FetchedShards
     from gpuflex.protocol.messages import TaskConfig
     from gpuflex.train.task import run_task
 
@@ -31,12 +33,16 @@ def main(argv: list[str]) -> int:
     config = TaskConfig.model_validate_json(Path(argv[0]).read_text())
     client = TaskClient(os.environ["GPUFLEX_COORDINATOR_URL"], os.environ["GPUFLEX_TASK_TOKEN"])
     min_step_s = float(os.environ.get("GPUFLEX_TASK_MIN_STEP_S", "0"))
+    cache = None  # the agent's shard cache, shared by its tasks: a prepared dataset's shards go there
+    if cache_dir := os.environ.get("GPUFLEX_SHARD_CACHE"):
+        cache = ShardCache(Path(cache_dir), int(os.environ["GPUFLEX_SHARD_CACHE_BYTES"]))
     try:
         summary = run_task(
             config,
             client,
             should_stop=lambda: stop["requested"] or os.getppid() != agent,
             after_step=(lambda took: time.sleep(max(0.0, min_step_s - took))) if min_step_s > 0 else None,
+            reader=FetchedShards(client.get_blob, cache),
         )
     finally:
         client.close()

@@ -30,7 +30,7 @@ import site
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,13 +166,19 @@ class TaskProcess:
 
 
 def start_task(
-    argv: list[str], *, workdir: Path, env_extra: Mapping[str, str], limits: Limits, log_path: Path
+    argv: list[str],
+    *,
+    workdir: Path,
+    env_extra: Mapping[str, str],
+    limits: Limits,
+    log_path: Path,
+    shared: Sequence[Path] = (),
 ) -> TaskProcess:
     """Start ``argv`` in ``workdir`` (created 0700), under ``limits``, appending its output to ``log_path``.
 
     The task's environment is the allowlist, HOME and TMPDIR set to ``workdir``, then ``env_extra``
     (which wins). The task may read only what ``SYSTEM_READ_ONLY`` and ``python_read_only`` name, and
-    write only beneath ``workdir`` (and to a few devices).
+    write only beneath ``workdir``, the ``shared`` directories (the agent's shard cache) and a few devices.
     """
     if not argv:
         raise ValueError("argv must name a program")
@@ -182,7 +188,9 @@ def start_task(
     spec = ",".join(f"{res}:{soft}:{hard}" for res, soft, hard in limits.rlimits())
     lc_ctype = "keep" if "LC_CTYPE" in env else "drop"
     read_only = os.pathsep.join([*SYSTEM_READ_ONLY, *python_read_only()])
-    read_write = os.pathsep.join([str(workdir.resolve()), *DEVICES_READ_WRITE])
+    read_write = os.pathsep.join(
+        [str(workdir.resolve()), *(str(d.resolve()) for d in shared), *DEVICES_READ_WRITE]
+    )
     wrapped = [sys.executable, "-I", "-S", confine.__file__, spec, lc_ctype, read_only, read_write, *argv]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -7,14 +7,21 @@
 It tokenizes the inputs with ``gpuflex.data.prepare`` into token shards and a ``manifest.json`` under
 ``-o``, with a progress bar of the bytes read and the tokens written, and prints what it wrote.
 pyarrow and tokenizers are imported only when the command runs.
+
+``upload_prepared`` is ``gpuflex submit``'s side of a job with ``data.prepared``: it checks every shard
+against the manifest and the manifest against the job, then uploads only the blobs the coordinator
+lacks (one ``POST /v1/blobs/missing`` for all of them), so an interrupted upload or a second job on the
+same data sends nothing twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -27,8 +34,13 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from gpuflex.data.manifest import Shard, numpy_dtype, read_manifest
 from gpuflex.data.shards import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION
-from gpuflex.errors import BadRequest
+from gpuflex.errors import BadRequest, HashMismatch
+
+if TYPE_CHECKING:
+    from gpuflex.client import Client
+    from gpuflex.protocol.spec import JobSpec
 
 console = Console()
 data_app = typer.Typer(help="Datasets: tokenize and shard them for jobs.", no_args_is_help=True)
@@ -117,3 +129,65 @@ def prepare(
         highlight=False,
         soft_wrap=True,
     )
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    manifest: str  # the manifest's blob key: the job's dataset
+    shards: int  # shards the dataset has
+    sent: int  # of them, uploaded now: the blob store lacked them
+    sent_bytes: int
+
+
+def upload_prepared(client: Client, spec: JobSpec, directory: Path) -> Uploaded:
+    """Check the prepared dataset in ``directory`` (every shard's hash, and ``data.fit``'s rules for
+    ``spec``), then upload the shards and the manifest that the blob store lacks, with a progress bar."""
+    from gpuflex.data.fit import check_job
+
+    manifest = read_manifest(directory)
+    check_job(manifest, spec)
+    shards = manifest.train + manifest.validation
+    itemsize = numpy_dtype(manifest.dtype).itemsize
+    with Progress(
+        TextColumn("[bold]{task.description:>9}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        console=console,
+    ) as bar:  # fmt: skip
+        checking = bar.add_task("checking", total=manifest.tokens * itemsize)
+        for shard in shards:
+            _check_shard(directory, shard, lambda n: bar.update(checking, advance=n))
+        missing = client.missing_blobs([s.sha256 for s in shards] + [manifest.digest])
+        lacking = [s for s in shards if s.sha256 in set(missing.keys)]
+        _refuse_too_large(lacking, itemsize, missing.max_blob_bytes)
+        sending = bar.add_task("uploading", total=sum(s.tokens for s in lacking) * itemsize)
+        for shard in lacking:
+            client.upload((directory / shard.file).read_bytes())
+            bar.update(sending, advance=shard.tokens * itemsize)
+    if manifest.digest in missing.keys:
+        client.upload(manifest.to_bytes())
+    sent_bytes = sum(s.tokens for s in lacking) * itemsize
+    return Uploaded(manifest.digest, len(shards), len(lacking), sent_bytes)
+
+
+def _check_shard(directory: Path, shard: Shard, advance) -> None:
+    digest = hashlib.sha256()
+    try:
+        with open(directory / shard.file, "rb") as f:
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+                advance(len(chunk))
+    except FileNotFoundError:
+        raise BadRequest(f"shard {shard.file} of the prepared dataset {directory} is missing") from None
+    if digest.hexdigest() != shard.sha256:
+        raise HashMismatch(
+            f"shard {shard.file} of {directory} hashes to {digest.hexdigest()}, its manifest says "
+            f"{shard.sha256}: the directory changed after `gpuflex data prepare` wrote it; prepare it again"
+        )
+
+
+def _refuse_too_large(shards: list[Shard], itemsize: int, limit: int) -> None:
+    big = next((s for s in shards if s.tokens * itemsize > limit), None)
+    if big is not None:
+        raise BadRequest(
+            f"shard {big.file} is {big.tokens * itemsize:,} bytes, more than the coordinator's blob limit of "
+            f"{limit:,}: prepare the data again with --shard-tokens {limit // itemsize} or less"
+        )

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gpuflex.cli.data import upload_prepared
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, credits, print_json, table
 from gpuflex.cli.profile import consumer_client
@@ -29,12 +30,19 @@ JobId = Annotated[str, typer.Argument(help="job id as `gpuflex jobs` lists it, o
 
 
 def upload_inputs(client: Client, spec: JobSpec) -> dict[str, str | None]:
-    """Build the job's corpus (unless ``data.source`` is ``none``) and read its user recipe file, on this
-    machine, and upload both; returns the ``dataset`` and ``recipe_code`` hashes to submit with."""
+    """Upload the job's data — a prepared dataset's shards the blob store lacks and its manifest, or the
+    corpus built from ``data.source`` (unless ``none``) — and its user recipe file, from this machine;
+    returns the ``dataset`` and ``recipe_code`` hashes to submit with."""
     from gpuflex.train.corpus import build_corpus
 
     dataset = None
-    if spec.data.source != "none":
+    if spec.data.prepared is not None:
+        up = upload_prepared(client, spec, Path(spec.data.prepared).expanduser())
+        there = f"; the other {up.shards - up.sent} were there already" if up.sent < up.shards else ""
+        sent = f"uploaded {up.sent} of {up.shards} shards ({up.sent_bytes:,} bytes)"
+        console.print(f"dataset {up.manifest}: {sent}{there}", highlight=False)
+        dataset = up.manifest
+    elif spec.data.source is not None and spec.data.source != "none":
         dataset = client.upload(build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions))
     recipe_code = None
     if spec.training.recipe_file is not None:

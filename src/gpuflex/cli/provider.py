@@ -68,6 +68,13 @@ def start(
     ] = None,
     threads: Annotated[int, typer.Option(help="CPU threads a task may use; 0: all")] = 0,
     memory_mb: Annotated[int, typer.Option(help="address-space limit of a task (MB)")] = 8192,
+    cache_gb: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="disk for the shard cache (DATA_DIR/cache): prepared datasets' shards, kept by hash",
+        ),
+    ] = 20.0,
     emulate_step_s: Annotated[
         float,
         typer.Option(
@@ -108,6 +115,7 @@ def start(
         task_threads=threads,
         emulate_step_s=emulate_step_s,
         limits=Limits(memory_mb=memory_mb),
+        cache_gb=cache_gb,
         adversary=adversary,
     )
     agent = Agent(config)

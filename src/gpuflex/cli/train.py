@@ -3,12 +3,13 @@
     gpuflex train local --recipe char-gpt --workers 4 --inner-steps 50 --compression int8
     gpuflex train local --compression topk --density 0.02 --outer-momentum 0 --error-decay 0.95 \\
         --overlap --bandwidth-mbit 100 --latency-ms 50 --slow-worker 3 --round-seconds 5
+    gpuflex train local --prepared ./prepared --workers 2      # what `gpuflex data prepare` wrote
 
 It builds the text to train on (the standard library's source, or the UTF-8 files under
-``--data DIR``, whatever their extension), runs ``gpuflex.train.local.run_local`` and prints a line
-per round as it is published, then each worker's traffic and compute utilization. No coordinator,
-no marketplace. The torch-heavy runtime is imported only when the command runs, so ``gpuflex --help``
-stays quick.
+``--data DIR``, whatever their extension; or each task reads its shards of ``--prepared DIR``), runs
+``gpuflex.train.local.run_local`` and prints a line per round as it is published, then each worker's
+traffic and compute utilization. No coordinator, no marketplace. The torch-heavy runtime is imported
+only when the command runs, so ``gpuflex --help`` stays quick.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def local(
     seed: Annotated[int, typer.Option(help="model initialisation and batches")] = SPEC.seed,
     data: Annotated[str, typer.Option(help="'stdlib' or a directory of text files")] = "stdlib",
     max_bytes: Annotated[int, typer.Option(help="at most this much text")] = DataSpec().max_bytes,
+    prepared: Annotated[
+        Path | None,
+        typer.Option(help="train on a prepared dataset (`gpuflex data prepare`) instead of --data"),
+    ] = None,
     bandwidth_mbit: Annotated[float | None, typer.Option(help="each worker's link, Mbit/s each way")] = None,
     latency_ms: Annotated[float, typer.Option(help="each worker's link: latency per call")] = 0.0,
     slow_worker: Annotated[float, typer.Option(help="make worker 0 this many times slower")] = 1.0,
@@ -109,8 +114,8 @@ def local(
     spec = build_spec(fields)
     options = _worker_options(workers, bandwidth_mbit, latency_ms, slow_worker, threads)
     code = _read(recipe_file) if recipe_file else None
-    dataset = _dataset(spec, code, data, max_bytes)
-    _run(spec, dataset, code, options, threads)
+    dataset = _dataset(spec, code, data, max_bytes) if prepared is None else None
+    _run(spec, dataset, code, options, threads, prepared)
 
 
 def _compression(method: str, density: float, values: str, error_decay: float) -> dict[str, Any]:
@@ -158,7 +163,12 @@ def _dataset(spec: TrainingSpec, code: bytes | None, source: str, max_bytes: int
 
 
 def _run(
-    spec: TrainingSpec, dataset: bytes | None, code: bytes | None, options: list[WorkerOptions], threads: int
+    spec: TrainingSpec,
+    dataset: bytes | None,
+    code: bytes | None,
+    options: list[WorkerOptions],
+    threads: int,
+    prepared: Path | None = None,
 ) -> None:
     from gpuflex.train.local import run_local
 
@@ -175,11 +185,15 @@ def _run(
             recipe_code=code,
             threads=threads,
             on_round=_print_round,
+            prepared=prepared,
         )
     except KeyboardInterrupt:
         console.print("interrupted: every task was stopped")
         raise typer.Exit(130) from None
     console.print(_workers_table(result.workers))
+    for i, w in enumerate(result.workers):  # a prepared dataset: each read its own shards and validation's
+        if w.shards:
+            console.print(f"worker-{i} read {', '.join(sorted(w.shards))}", highlight=False)
     last = result.rounds[-1]
     console.print(
         f"final validation loss {_loss(last.val_loss)} after {last.round} rounds and {last.tokens:,} tokens, "

@@ -41,6 +41,19 @@ class Client:
         self.http.request("PUT", f"/v1/blobs/{digest}", content=data)
         return digest
 
+    def missing_blobs(self, keys: list[str]) -> m.MissingBlobs:
+        """Which of ``keys`` the blob store lacks (asked ``MAX_BLOB_KEYS`` at a time), and its blob limit."""
+        missing: list[str] = []
+        limit = 0
+        for i in range(0, max(len(keys), 1), m.MAX_BLOB_KEYS):
+            body = m.BlobKeys(keys=keys[i : i + m.MAX_BLOB_KEYS]).model_dump()
+            answer = m.MissingBlobs.model_validate(
+                self.http.request("POST", "/v1/blobs/missing", json=body).json()
+            )
+            missing += answer.keys
+            limit = answer.max_blob_bytes
+        return m.MissingBlobs(keys=missing, max_blob_bytes=limit)
+
     def submit(self, spec: JobSpec, dataset: str | None = None, recipe_code: str | None = None) -> m.JobInfo:
         """Submit a job whose inputs (dataset, user recipe file) are already uploaded."""
         body = m.JobSubmit(spec=spec, dataset=dataset, recipe_code=recipe_code).model_dump(mode="json")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from gpuflex.client.http import HttpSession
-from gpuflex.errors import BadRequest
+from gpuflex.errors import HashMismatch
 from gpuflex.protocol import messages as m
 
 
@@ -29,7 +29,7 @@ class TaskClient:
     def get_blob(self, digest: str) -> bytes:
         data = self.http.request("GET", f"/v1/blobs/{digest}").content
         if hashlib.sha256(data).hexdigest() != digest:
-            raise BadRequest(f"blob {digest} arrived corrupted")
+            raise HashMismatch(f"blob {digest} arrived corrupted")
         return data
 
     def put_blob(self, data: bytes) -> str:

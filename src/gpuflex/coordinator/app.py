@@ -229,7 +229,10 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     app.add_middleware(
         BodySizeLimit,
         default_limit=ctx.settings.max_request_bytes,
-        limits={f"/{API_VERSION}/blobs/": ctx.settings.max_blob_bytes},
+        limits={  # the first prefix that matches wins
+            f"/{API_VERSION}/blobs/missing": ctx.settings.max_request_bytes,
+            f"/{API_VERSION}/blobs/": ctx.settings.max_blob_bytes,
+        },
     )
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(

@@ -18,14 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from gpuflex.errors import BadRequest
 
-Batch = tuple[Tensor, Tensor]  # inputs and next-token targets, both (batch, block) int64
+# torch is imported where batches are made: the CLI and the coordinator check fits without loading it
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+    Batch = tuple[Tensor, Tensor]  # inputs and next-token targets, both (batch, block) int64
 
 
 @dataclass(frozen=True)
@@ -63,25 +67,53 @@ def worker_tokens(train: Sequence[np.ndarray], worker: int, workers: int) -> lis
     return [train[s.shard][s.start : s.stop] for s in assign([len(t) for t in train], worker, workers)]
 
 
+def window_count(lengths: Sequence[int], block_size: int) -> int:
+    """How many windows of ``block_size + 1`` tokens lie inside parts of these lengths (none crosses two)."""
+    return sum(max(n - block_size, 0) for n in lengths)
+
+
+def check_fits(train: Sequence[int], validation: Sequence[int], workers: int, block_size: int) -> None:
+    """BadRequest, naming the numbers, unless every worker's part (of train shards holding ``train`` tokens
+    each) and the validation shards (``validation``) hold a window of ``block_size + 1`` tokens."""
+    need = f"a window is block_size + 1 = {block_size + 1} tokens within one shard"
+    for worker in range(workers):
+        spans = assign(train, worker, workers)
+        if not window_count([s.stop - s.start for s in spans], block_size):
+            raise BadRequest(
+                f"the dataset is too small for {workers} workers x block_size {block_size}: "
+                f"worker {worker}'s "
+                f"part is {sum(s.stop - s.start for s in spans)} tokens in {len(spans)} span(s) of "
+                f"{sum(train)} train tokens in {len(train)} shard(s), and {need}: "
+                "prepare more data, or use fewer workers or a smaller block_size"
+            )
+    if not window_count(validation, block_size):
+        raise BadRequest(
+            f"the dataset's validation split ({sum(validation)} tokens in {len(validation)} shard(s)) is too "
+            f"small for block_size {block_size}: {need}; prepare with more --val-tokens"
+        )
+
+
 def batches(
     parts: Sequence[np.ndarray], batch_size: int, block_size: int, generator: torch.Generator
 ) -> Iterator[Batch]:
     """Endless batches of ``batch_size`` windows at random offsets of ``parts``, drawn from ``generator``."""
-    windows = _Windows(parts, block_size)
+    windows = Windows(parts, block_size)
     while True:
-        yield windows.batch(torch.randint(windows.count, (batch_size,), generator=generator))
+        yield windows.sample(batch_size, generator)
 
 
 def validation_batches(
     parts: Sequence[np.ndarray], count: int, batch_size: int, block_size: int
 ) -> list[Batch]:
     """``count`` batches of windows at evenly spaced offsets of ``parts``: the same set every time."""
-    windows = _Windows(parts, block_size)
+    import torch
+
+    windows = Windows(parts, block_size)
     starts = torch.linspace(0, windows.count - 1, count * batch_size).long()
     return [windows.batch(s) for s in starts.split(batch_size)]
 
 
-class _Windows:
+class Windows:
     """Every window of ``block_size + 1`` tokens inside one part, numbered across the parts in order."""
 
     def __init__(self, parts: Sequence[np.ndarray], block_size: int):
@@ -96,7 +128,15 @@ class _Windows:
                 "use more data, fewer workers or a smaller block_size"
             )
 
+    def sample(self, batch_size: int, generator: torch.Generator) -> Batch:
+        """``batch_size`` windows at offsets drawn from ``generator``."""
+        import torch
+
+        return self.batch(torch.randint(self.count, (batch_size,), generator=generator))
+
     def batch(self, indices: Tensor) -> Batch:
+        import torch
+
         index = indices.numpy()
         part = np.searchsorted(self.ends, index, side="right")
         offset = index - self.starts[part]

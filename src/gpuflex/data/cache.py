@@ -88,6 +88,11 @@ class ShardCache:
         _touch(path)
         return path
 
+    def drop(self, digest: str) -> None:
+        """Remove blob ``digest``, found damaged on disk (its pins stay: their holders fetch it again)."""
+        with self._locked():
+            (self._blobs / validate_digest(digest)).unlink(missing_ok=True)
+
     def pin(self, digest: str) -> Pin:
         """Keep blob ``digest`` from eviction, held or not yet: pin first, then get or put."""
         path = self._pins / validate_digest(digest)

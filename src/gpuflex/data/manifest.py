@@ -27,6 +27,7 @@ from gpuflex.protocol.spec import describe_validation_error
 from gpuflex.storage.blobs import write_atomic
 
 MANIFEST = "manifest.json"
+BYTE_VOCAB = 256  # the bytes tokenizer's vocabulary, and a model built from a job spec's shape's
 Dtype = Literal["uint16", "uint32"]
 Kind = Literal["text", "jsonl", "parquet", "arrow"]  # how a source file is read (gpuflex.data.sources)
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -136,13 +137,20 @@ def read_manifest(directory: Path) -> Manifest:
     """Parse ``manifest.json`` (no shard read); BadRequest naming each bad field."""
     path = Path(directory) / MANIFEST
     try:
-        return Manifest.model_validate_json(path.read_bytes())
+        data = path.read_bytes()
     except FileNotFoundError:
         raise BadRequest(
             f"{directory} has no {MANIFEST}: not a prepared dataset (or its prepare did not finish)"
         ) from None
+    return parse_manifest(data, str(path))
+
+
+def parse_manifest(data: bytes, where: str) -> Manifest:
+    """A manifest from its bytes (a file's, or a blob's); BadRequest naming ``where`` and each bad field."""
+    try:
+        return Manifest.model_validate_json(data)
     except ValidationError as err:
-        raise BadRequest(f"{path}: {describe_validation_error(err)}") from None
+        raise BadRequest(f"{where}: {describe_validation_error(err)}") from None
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,9 @@ class TaskConfig(Message):
     num_workers: int
     training: TrainingSpec
     dataset: Sha256 | None = None
+    prepared: bool = Field(
+        False, description="dataset is a prepared dataset's manifest: the task fetches the shards it needs"
+    )
     recipe_code: Sha256 | None = Field(None, description="the user recipe's file, with recipe 'user'")
     adversary: str | None = Field(
         None, description="testing only: the gpuflex.train.adversaries kind this worker plays"
@@ -201,12 +204,32 @@ class Offer(Message):
     hours: float | None = Field(None, ge=0, description="hours left on offer; None: open-ended")
 
 
+# -- blobs ---------------------------------------------------------------------------------
+
+MAX_BLOB_KEYS = 4096  # a prepared dataset of 4,096 shards of 16 Mi tokens is 64 Gi tokens: ask in batches
+
+
+class BlobKeys(Message):
+    """Blob keys: which of them does the store lack? (``POST /v1/blobs/missing``)"""
+
+    keys: Annotated[list[Sha256], Field(max_length=MAX_BLOB_KEYS)]
+
+
+class MissingBlobs(Message):
+    keys: list[Sha256] = Field(description="the keys asked about that the store lacks, in the order asked")
+    max_blob_bytes: int = Field(description="the largest blob the coordinator accepts: upload no larger")
+
+
 # -- jobs -----------------------------------------------------------------------------------
 
 
 class JobSubmit(Message):
     spec: JobSpec
-    dataset: Sha256 | None = Field(None, description="the uploaded data; None if the recipe brings its own")
+    dataset: Sha256 | None = Field(
+        None,
+        description="the uploaded corpus, or with data.prepared the manifest (its shards uploaded too); "
+        "None if the recipe brings its own data",
+    )
     recipe_code: Sha256 | None = Field(None, description="the uploaded recipe file, with recipe 'user'")
 
 

@@ -6,7 +6,7 @@ Every model is strict (``extra="forbid"``) so a typo is an error that names the 
     resources: {workers: 3, min_workers: 3, min_vram_gb: 0, min_tflops: 0, accelerators: [], region: null,
                 min_core_workers: 0, core_fallback: true}
     training: {recipe: char-gpt, rounds: 8, inner_steps: 30, compression: int8, batch_size: 32, lr: 0.003}
-    data: {source: stdlib}
+    data: {source: stdlib}   # or {prepared: ./prepared}: a directory `gpuflex data prepare` wrote
     max_price_per_hour: 0.50
     budget: 2.00
     pricing: fixed          # or auction: a sealed-bid reverse auction for the workers (market/pricing.py)
@@ -32,6 +32,7 @@ from gpuflex.errors import SpecError
 
 Recipe = Literal["char-gpt", "hf-causal-lm", "mlp-digits", "user"]
 Codec = Literal["none", "fp16", "bf16", "int8", "int4", "int2"]
+PREPARED_RECIPES = ("char-gpt", "hf-causal-lm")  # the recipes that train on a prepared dataset's tokens
 
 
 class _Strict(BaseModel):
@@ -193,11 +194,33 @@ class TrainingSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    source: str = Field(
-        "stdlib", description="'stdlib' (the Python standard library's source) or a directory"
+    """What the job trains on: text the CLI builds into one corpus blob (``source``), or a dataset that
+    ``gpuflex data prepare`` tokenized and sharded (``prepared``). Exactly one of the two; neither given
+    means ``source: stdlib``."""
+
+    source: str | None = Field(
+        None,
+        description="'stdlib' (the Python standard library's source), a directory of text files, or 'none' "
+        "(the recipe brings its own data); the default unless prepared is given",
+    )
+    prepared: str | None = Field(
+        None,
+        description="a directory `gpuflex data prepare` wrote (manifest.json and its shards): each worker "
+        "fetches only its own shards and the validation split",
     )
     max_bytes: Annotated[int, Field(ge=10_000, le=256 * 1024 * 1024)] = 2_000_000
     extensions: list[str] = Field(default_factory=lambda: [".py"])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        if data.get("prepared") is None:
+            return {**data, "source": data.get("source") or "stdlib"}
+        if data.get("source") is not None:
+            raise ValueError("give data.source or data.prepared, not both")
+        return data
 
 
 class JobSpec(_Strict):
@@ -214,9 +237,17 @@ class JobSpec(_Strict):
     )
 
     @model_validator(mode="after")
-    def _auction_without_core_quota(self) -> JobSpec:
+    def _consistent(self) -> JobSpec:
         if self.pricing == "auction" and self.resources.min_core_workers:
             raise ValueError("pricing 'auction' does not combine with resources.min_core_workers > 0 yet")
+        if self.data.prepared is not None:
+            if self.training.recipe not in PREPARED_RECIPES:
+                raise ValueError(
+                    f"data.prepared trains a token model: recipe {' or '.join(PREPARED_RECIPES)}, "
+                    f"not {self.training.recipe}"
+                )
+            if self.training.local_devices > 1:
+                raise ValueError("data.prepared does not combine with training.local_devices > 1 yet")
         return self
 
 

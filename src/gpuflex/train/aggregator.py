@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from gpuflex.data.fetch import FetchedShards, ShardReader
 from gpuflex.errors import BadRequest, Conflict
 from gpuflex.protocol.messages import Contribution, RoundPublish, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
@@ -117,12 +118,19 @@ def run_aggregator(
     *,
     poll_interval_s: float = 0.2,
     should_stop: Callable[[], bool] = lambda: False,
+    reader: ShardReader | None = None,
 ) -> AggregatorSummary:
-    """The aggregator task of a job: its recipe and data come with the task's config."""
-    recipe, data = for_task(config, lambda digest: fetch_verified(transport, digest))
+    """The aggregator task of a job: its recipe and data come with the task's config (``reader``: see
+    ``run_worker``); it evaluates on the validation split, and its verifier draws each worker's batches."""
+
+    def fetch(digest: str) -> bytes:
+        return fetch_verified(transport, digest)
+
+    reader = reader or FetchedShards(transport.get_blob)
+    recipe, data = for_task(config, fetch, reader)
     verifier = None
     if config.training.verification.robust:
-        data_for = shards(config, recipe, lambda digest: fetch_verified(transport, digest))
+        data_for = shards(config, recipe, fetch, reader)
         verifier = Verifier(config.training, recipe, data_for, config.num_workers)
     return aggregate(
         config.training,

@@ -15,6 +15,12 @@ link is not throttled::
     result = run_local(spec, corpus, workers=4, options=[WorkerOptions(link=Link(100e6, 0.05))] * 4)
     result.rounds[-1].val_loss, result.workers[0].link.bytes_total, result.workers[0].summary.utilization
 
+A prepared dataset (``prepared=DIR``, what ``gpuflex data prepare`` wrote) is read from its directory by
+every task, each opening only the shards it needs, as a provider's task would fetch them; which ones
+each worker opened is in ``LocalWorker.shards``::
+
+    result = run_local(spec, None, workers=4, prepared=Path("./prepared"))
+
 The parent watches the rounds as they are published (``on_round``), collects every task's summary
 and returns them with the rounds. If a task fails, the error is raised in the parent as the same
 ``GPUFlexError`` class (any other exception as ``ServiceError``), naming the task, with the child's
@@ -37,10 +43,14 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener, wait
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from gpuflex.data.fetch import LocalShards
+from gpuflex.data.fit import check_job
+from gpuflex.data.manifest import MANIFEST, read_manifest
 from gpuflex.errors import GPUFlexError, ServiceError
 from gpuflex.protocol.messages import (
     AuditStateSubmit,
@@ -55,7 +65,7 @@ from gpuflex.protocol.messages import (
     TaskConfig,
     VerdictSubmit,
 )
-from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.protocol.spec import TrainingSpec, parse_job_spec
 from gpuflex.train.aggregator import AggregatorSummary, run_aggregator
 from gpuflex.train.throttle import Link, LinkStats, ThrottledTransport
 from gpuflex.train.transport import LocalTransport, Transport
@@ -99,6 +109,7 @@ class RoundRecord:
 class LocalWorker:
     summary: WorkerSummary
     link: LinkStats  # what crossed this worker's link, both ways
+    shards: list[str] = field(default_factory=list)  # a prepared dataset's shard files it opened
 
 
 @dataclass
@@ -136,24 +147,35 @@ def run_local(
     poll_interval_s: float = 0.05,
     on_round: Callable[[RoundRecord], None] | None = None,
     timeout_s: float | None = None,
+    prepared: Path | None = None,
 ) -> LocalResult:
     """Train ``spec`` on ``dataset`` with ``workers`` worker processes and an aggregator process.
 
     ``options[i]`` is worker i's link and slowdown; ``recipe_code`` the file of a ``user`` recipe;
     ``threads`` the torch threads of each process; ``poll_interval_s`` how often tasks poll for rounds;
-    ``on_round`` is called in this process with each round as it is published. Raises the first
-    task's failure, or ServiceError after ``timeout_s``; either way every process is gone.
+    ``on_round`` is called in this process with each round as it is published; ``prepared`` a prepared
+    dataset's directory to train on instead of ``dataset``. Raises the first task's failure, or
+    ServiceError after ``timeout_s``; either way every process is gone.
     """
     options = list(options) if options is not None else [WorkerOptions()] * workers
     assert workers >= 1 and len(options) == workers, f"{workers} workers, {len(options)} options"
     hub = LocalTransport(
         spec.rounds, live_workers=workers, task_id="local", audit_rate=spec.verification.audit_rate
     )
+    if prepared is not None:
+        dataset = _prepared_manifest(spec, workers, prepared)
     dataset_digest = hub.put_blob(dataset) if dataset is not None else None
     code_digest = hub.put_blob(recipe_code) if recipe_code is not None else None
-    configs = [_config(spec, "aggregator", 0, workers, dataset_digest, code_digest)]
-    configs += [_config(spec, "worker", i, workers, dataset_digest, code_digest) for i in range(workers)]
-    launch = _Launch(threads, poll_interval_s, frozenset(d for d in (dataset_digest, code_digest) if d))
+    preloaded = frozenset(d for d in (dataset_digest, code_digest) if d)
+    launch = _Launch(threads, poll_interval_s, preloaded, prepared)
+    inputs = {
+        "workers": workers,
+        "dataset": dataset_digest,
+        "code": code_digest,
+        "prepared": prepared is not None,
+    }
+    configs = [_config(spec, "aggregator", 0, **inputs)]
+    configs += [_config(spec, "worker", i, **inputs) for i in range(workers)]
     watcher = _RoundWatcher(hub, on_round)
     with _HubServer(hub) as server, _Children(server.address, server.authkey, launch) as children:
         for config, option in zip(configs, [WorkerOptions(), *options], strict=True):
@@ -164,13 +186,20 @@ def run_local(
     return LocalResult(
         rounds=watcher.records,
         aggregator=aggregator.summary,
-        workers=[LocalWorker(o.summary, o.link) for o in worker_outcomes],
+        workers=[LocalWorker(o.summary, o.link, o.shards) for o in worker_outcomes],
         logs=hub.logs(),
     )
 
 
 def _config(
-    spec: TrainingSpec, role: str, index: int, workers: int, dataset: str | None, code: str | None
+    spec: TrainingSpec,
+    role: str,
+    index: int,
+    *,
+    workers: int,
+    dataset: str | None,
+    code: str | None,
+    prepared: bool,
 ) -> TaskConfig:
     return TaskConfig(
         job_id="local",
@@ -180,8 +209,24 @@ def _config(
         num_workers=workers,
         training=spec,
         dataset=dataset,
+        prepared=prepared,
         recipe_code=code,
     )
+
+
+def _prepared_manifest(spec: TrainingSpec, workers: int, directory: Path) -> bytes:
+    """The manifest of the prepared dataset in ``directory``, once it fits the job as a job spec's would
+    (``data.fit``): a refusal reads as ``gpuflex submit``'s."""
+    job = parse_job_spec(
+        {
+            "name": "local",
+            "resources": {"workers": workers},
+            "training": spec.model_dump(mode="json"),
+            "data": {"prepared": str(directory)},
+        }
+    )
+    check_job(read_manifest(directory), job)
+    return (directory / MANIFEST).read_bytes()
 
 
 class _RoundWatcher:
@@ -343,6 +388,7 @@ class _Launch:
     threads: int
     poll_interval_s: float
     preloaded: frozenset[str]  # blobs every node holds already (the dataset, the recipe code)
+    prepared: Path | None = None  # a prepared dataset's directory, which every task reads its shards from
 
 
 @dataclass(frozen=True)
@@ -350,6 +396,7 @@ class _Outcome:
     task_id: str
     summary: Any = None  # WorkerSummary | AggregatorSummary
     link: LinkStats | None = None
+    shards: list[str] = field(default_factory=list)
     error: GPUFlexError | None = None
     traceback: str = ""
 
@@ -369,7 +416,12 @@ def _child_main(
     try:
         hub = _HubClient(address, authkey, config.task_id)
         transport = ThrottledTransport(hub, option.link or Link(), preloaded=launch.preloaded)
-        common: dict[str, Any] = {"poll_interval_s": launch.poll_interval_s, "should_stop": stop.poll}
+        reader = LocalShards(launch.prepared) if launch.prepared is not None else None
+        common: dict[str, Any] = {
+            "poll_interval_s": launch.poll_interval_s,
+            "should_stop": stop.poll,
+            "reader": reader,
+        }
         if config.role == "aggregator":
             summary: Any = run_aggregator(config, transport, **common)
         else:
@@ -379,7 +431,7 @@ def _child_main(
                 after_step=slowdown_hook(option.slowdown, spin if option.spin else time.sleep),
                 **common,
             )
-        outcome = _Outcome(config.task_id, summary, transport.stats())
+        outcome = _Outcome(config.task_id, summary, transport.stats(), reader.opened if reader else [])
         hub.close()
     except BaseException as err:  # whatever it was, the parent must hear of it
         known = err if isinstance(err, GPUFlexError) else ServiceError(f"{type(err).__name__}: {err}")

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from gpuflex.data.fetch import FetchedShards, ShardReader
 from gpuflex.errors import Conflict
 from gpuflex.protocol.messages import AuditStateSubmit, Commitment, ContributionSubmit, RoundState, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
@@ -295,11 +296,13 @@ def run_worker(
     poll_interval_s: float = 0.2,
     should_stop: Callable[[], bool] = lambda: False,
     after_step: Callable[[float], None] | None = None,
+    reader: ShardReader | None = None,
 ) -> WorkerSummary:
     """Contribute to every round from the latest published one until the job finishes or ``should_stop``.
 
     ``after_step`` is called after each inner step with its duration in seconds, inside the round's
-    time: ``gpuflex.train.local`` sleeps there to make a worker k times slower.
+    time: ``gpuflex.train.local`` sleeps there to make a worker k times slower. ``reader`` opens a
+    prepared dataset's shards (default: fetched through ``transport`` into memory).
     """
     blobs: dict[str, bytes] = {}
 
@@ -307,7 +310,8 @@ def run_worker(
         blobs[digest] = fetch_verified(transport, digest)
         return blobs[digest]
 
-    recipe, data = for_task(config, fetch)
+    reader = reader or FetchedShards(transport.get_blob)
+    recipe, data = for_task(config, fetch, reader)
     group = DeviceGroup.start(config, blobs, _follow) if config.training.local_devices > 1 else None
     replica = Replica(config, recipe, data, group, after_step=after_step)
     adversary = None
@@ -320,7 +324,9 @@ def run_worker(
         from gpuflex.train.peer_audit import PeerAuditor  # it imports this module (through the audit)
 
         vouch = getattr(adversary, "vouch", list)  # what it reports of its re-runs: what they gave, if honest
-        loop.peers = PeerAuditor(config.training, recipe, transport, shards(config, recipe, fetch), vouch)
+        loop.peers = PeerAuditor(
+            config.training, recipe, transport, shards(config, recipe, fetch, reader), vouch
+        )
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange") as exchange:
             loop.exchange = exchange

@@ -1,4 +1,10 @@
-"""The content-addressed blob store over HTTP: the body's sha256 must equal the key."""
+"""The content-addressed blob store over HTTP: the body's sha256 must equal the key.
+
+``POST /blobs/missing`` says which of a list of keys the store lacks, in one round trip, so a client
+uploads only those (a prepared dataset's shards: a second job on the same data, or an upload resumed
+after an interruption, sends nothing twice). Whoever may add a blob may ask; what it learns is whether
+bytes it can name by their hash are here, which only someone who holds (or guessed) them can ask about.
+"""
 
 from typing import Annotated
 
@@ -7,11 +13,20 @@ from fastapi import APIRouter, Path, Request, Response
 from gpuflex.coordinator.auth import BlobReader, BlobWriter, Ctx
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
+from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])
 
 # Checked again by the store itself: a key that is not 64 hex digits never reaches a path.
 Digest = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="the blob's sha256, lower-case hex")]
+
+
+@router.post("/missing")
+def missing_blobs(body: m.BlobKeys, _who: BlobWriter, ctx: Ctx) -> m.MissingBlobs:
+    """The keys of ``body`` the store does not hold, in their order (at most ``MAX_BLOB_KEYS`` a call),
+    and the largest blob it takes, so a client refuses a larger one before uploading anything."""
+    keys = [k for k in dict.fromkeys(body.keys) if not ctx.blobs.exists(k)]
+    return m.MissingBlobs(keys=keys, max_blob_bytes=ctx.settings.max_blob_bytes)
 
 
 @router.put(

@@ -18,6 +18,7 @@ log = logging.getLogger("gpuflex.coordinator")
 @router.post("", status_code=201, responses=errors(402))
 def submit(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> m.JobInfo:
     """Submit a job; its budget moves into escrow at once (402 if the wallet can't cover it)."""
+    jobs.check_dataset(body, ctx.blobs)  # reads blobs: before the transaction, not while holding it
     with ctx.tx() as s:
         job = jobs.submit(s, account, body, ctx.blobs, ctx.now())
         info = jobs.info(s, job, ctx.now())

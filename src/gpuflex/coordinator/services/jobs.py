@@ -16,6 +16,8 @@ from sqlalchemy.orm import Session
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
 from gpuflex.coordinator.services import ids, leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
+from gpuflex.data.fit import check_job
+from gpuflex.data.manifest import parse_manifest
 from gpuflex.errors import BadRequest, Conflict, InsufficientFunds
 from gpuflex.ledger import accounts
 from gpuflex.ledger.settlement import scale_to, settle_job
@@ -63,6 +65,28 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         session.add(Task(id=new_id("t"), job_id=job.id, role="worker", index=i, state="pending"))
     session.add(JobEvent(job_id=job.id, at=now, message=f"submitted by {account.name}; budget in escrow"))
     return job
+
+
+def check_dataset(msg: m.JobSubmit, blobs: BlobStore) -> None:
+    """A job on a prepared dataset: its manifest blob parses, fits the job (``data.fit``: the tokenizer
+    the model, the tokens the workers and block size), and every shard it names is in the store."""
+    if msg.spec.data.prepared is None:
+        return
+    if msg.dataset is None:
+        raise BadRequest("data.prepared: upload the dataset's manifest and name it as the job's dataset")
+    if not blobs.exists(msg.dataset):
+        raise BadRequest(f"dataset blob {msg.dataset} is not in the blob store: upload it first")
+    manifest = parse_manifest(blobs.get(msg.dataset), f"dataset blob {msg.dataset} (a prepared manifest)")
+    check_job(manifest, msg.spec)
+    shards = manifest.train + manifest.validation
+    absent = [s for s in shards if not blobs.exists(s.sha256)]
+    if absent:
+        named = ", ".join(f"{s.file} ({s.sha256})" for s in absent[:3])
+        more = f" and {len(absent) - 3} more" if len(absent) > 3 else ""
+        raise BadRequest(
+            f"the blob store lacks {len(absent)} of the dataset's {len(shards)} shards: {named}{more}; "
+            "upload them first"
+        )
 
 
 def _short_of(wallet_micro: int, budget_micro: int) -> str:

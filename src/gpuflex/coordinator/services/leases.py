@@ -180,6 +180,7 @@ def _lease(
         num_workers=spec.resources.workers,
         training=spec.training,
         dataset=task.dataset,
+        prepared=spec.data.prepared is not None,
         recipe_code=task.recipe_code,
     )
     grant = LeaseGrant(

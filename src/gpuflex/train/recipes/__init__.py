@@ -5,6 +5,8 @@
     mlp-digits     an MLP on scikit-learn's bundled 8x8 digits
     user           a Python file of the consumer's, exposing build_model, build_data and loss
 
+char-gpt and hf-causal-lm also train on a prepared dataset's token shards (``prepared.py``).
+
 A recipe's model is built under ``spec.seed`` inside a forked RNG, so round 0 is a function of
 the spec alone (a replacement aggregator or a re-run starts from the same weights) and the seed
 neither leaks into nor races with other threads.
@@ -12,9 +14,11 @@ neither leaks into nor races with other threads.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +26,9 @@ from torch import Tensor, nn
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
+
+if TYPE_CHECKING:
+    from gpuflex.data.fetch import ShardReader
 
 Batch = tuple[Tensor, ...]
 
@@ -68,19 +75,32 @@ def get_recipe(name: str, code: bytes | None = None) -> Recipe:
     return recipes[name]
 
 
-def for_task(config: TaskConfig, fetch: Callable[[str], bytes]) -> tuple[Recipe, TaskData]:
-    """The task's recipe and data; ``fetch`` gets a blob by hash (the recipe code, the dataset)."""
+def for_task(
+    config: TaskConfig, fetch: Callable[[str], bytes], reader: ShardReader | None = None
+) -> tuple[Recipe, TaskData]:
+    """The task's recipe and data; ``fetch`` gets a blob by hash (the recipe code, the dataset), and
+    ``reader`` a prepared dataset's shards (``recipes.prepared``)."""
     spec = config.training
     recipe = get_recipe(spec.recipe, fetch(config.recipe_code) if config.recipe_code else None)
     if recipe.needs_dataset and config.dataset is None:
         raise BadRequest(f"recipe {spec.recipe} trains on a dataset, and the job has none")
+    if config.prepared:
+        from gpuflex.train.recipes.prepared import prepared_data
+
+        return recipe, prepared_data(config, fetch, reader)(config.worker_index)
     dataset = fetch(config.dataset) if config.dataset else None
     return recipe, recipe.build_data(dataset, spec, config.worker_index, config.num_workers)
 
 
-def shards(config: TaskConfig, recipe: Recipe, fetch: Callable[[str], bytes]) -> Callable[[int], TaskData]:
+def shards(
+    config: TaskConfig, recipe: Recipe, fetch: Callable[[str], bytes], reader: ShardReader | None = None
+) -> Callable[[int], TaskData]:
     """Any worker's shard of the task's dataset by worker index, each built once: what an auditor draws
     that worker's batches from."""
+    if config.prepared:
+        from gpuflex.train.recipes.prepared import prepared_data
+
+        return functools.cache(prepared_data(config, fetch, reader))
     dataset = fetch(config.dataset) if config.dataset else None
     built: dict[int, TaskData] = {}
 

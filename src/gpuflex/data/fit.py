@@ -1,0 +1,40 @@
+"""Whether a prepared dataset fits a job: its tokenizer the model, its tokens the workers and block size.
+
+One rule, checked twice before any money moves: by the CLI at submit (on the manifest it is about to
+upload) and by the coordinator (on the uploaded manifest blob), so a refusal reads the same either way.
+No torch: the coordinator and the CLI import it.
+"""
+
+from __future__ import annotations
+
+from gpuflex.data.assign import check_fits
+from gpuflex.data.manifest import BYTE_VOCAB, Manifest
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.spec import JobSpec
+
+
+def check_job(manifest: Manifest, spec: JobSpec, model_vocab: int | None = None) -> None:
+    """BadRequest unless ``spec`` can train on ``manifest``'s tokens.
+
+    char-gpt is byte-level: it needs a ``bytes`` manifest. hf-causal-lm needs every id to have an
+    embedding: a vocabulary of at most ``model_vocab`` (the model config's ``vocab_size``; None: the
+    256 byte values a model built from the spec's shape has).
+    """
+    tokenizer, recipe = manifest.tokenizer, spec.training.recipe
+    if recipe == "char-gpt" and tokenizer.kind != "bytes":
+        raise BadRequest(
+            f"recipe char-gpt is byte-level, and this dataset was tokenized with a tokenizer of "
+            f"{tokenizer.vocab_size} ids: prepare it with --bytes, or train it with recipe hf-causal-lm"
+        )
+    embeddings = BYTE_VOCAB if model_vocab is None else model_vocab
+    if recipe == "hf-causal-lm" and tokenizer.vocab_size > embeddings:
+        raise BadRequest(
+            f"the dataset's tokenizer has a vocabulary of {tokenizer.vocab_size} ids, more than the model's "
+            f"{embeddings} embeddings: prepare the data with the model's own tokenizer"
+        )
+    check_fits(
+        [s.tokens for s in manifest.train],
+        [s.tokens for s in manifest.validation],
+        spec.resources.workers,
+        spec.training.model.block_size,
+    )

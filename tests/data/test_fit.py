@@ -1,0 +1,81 @@
+"""Whether a prepared dataset fits a job: one clear line naming the numbers, at submit and on the server."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuflex.data.fit import check_job
+from gpuflex.data.manifest import Manifest, Shard, TokenizerInfo
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.spec import parse_job_spec
+
+BYTES = TokenizerInfo(kind="bytes", hash="bytes", vocab_size=256, eos_id=10)
+BPE = TokenizerInfo(kind="hf", hash="a" * 64, vocab_size=300, eos_id=0)
+
+
+def manifest(train: list[int], validation: list[int], tokenizer: TokenizerInfo = BYTES) -> Manifest:
+    def shards(split: str, sizes: list[int]) -> list[Shard]:
+        return [Shard(file=f"{split}-{i:05d}.bin", sha256=f"{i:064x}", tokens=n) for i, n in enumerate(sizes)]
+
+    return Manifest(
+        tokenizer=tokenizer,
+        dtype="uint16",
+        shard_tokens=max(train + validation),
+        train=shards("train", train),
+        validation=shards("validation", validation),
+        documents=1,
+        tokens=sum(train + validation),
+        bytes_read=0,
+        sources=[],
+    )
+
+
+def job(recipe: str = "char-gpt", workers: int = 2, block_size: int = 32):
+    return parse_job_spec(
+        {
+            "name": "fit",
+            "resources": {"workers": workers},
+            "training": {"recipe": recipe, "model": {"block_size": block_size}},
+            "data": {"prepared": "./prepared"},
+        }
+    )
+
+
+def test_a_dataset_that_fits_passes():
+    check_job(manifest([100, 100, 100, 40], [50]), job(workers=4))
+    check_job(manifest([100, 100], [50], BYTES), job("hf-causal-lm"))
+    check_job(manifest([100, 100], [50], BPE), job("hf-causal-lm"), model_vocab=300)
+
+
+def test_char_gpt_needs_a_bytes_dataset():
+    with pytest.raises(BadRequest) as err:
+        check_job(manifest([100, 100], [50], BPE), job())
+    assert err.value.message == (
+        "recipe char-gpt is byte-level, and this dataset was tokenized with a tokenizer of 300 ids: "
+        "prepare it with --bytes, or train it with recipe hf-causal-lm"
+    )
+
+
+def test_a_vocabulary_beyond_the_models_embeddings_is_refused():
+    with pytest.raises(BadRequest) as err:
+        check_job(manifest([100, 100], [50], BPE), job("hf-causal-lm"))
+    assert err.value.message == (
+        "the dataset's tokenizer has a vocabulary of 300 ids, more than the model's 256 embeddings: "
+        "prepare the data with the model's own tokenizer"
+    )
+    with pytest.raises(BadRequest, match="vocabulary of 300 ids, more than the model's 299 embeddings"):
+        check_job(manifest([100, 100], [50], BPE), job("hf-causal-lm"), model_vocab=299)
+
+
+def test_a_dataset_too_small_for_the_workers_is_refused_naming_the_numbers():
+    with pytest.raises(BadRequest) as err:
+        check_job(manifest([100, 20], [50]), job(workers=2, block_size=32))
+    assert err.value.message == (
+        "the dataset is too small for 2 workers x block_size 32: worker 1's part is 20 tokens in 1 span(s) "
+        "of 120 train tokens in 2 shard(s), and a window is block_size + 1 = 33 tokens within one shard: "
+        "prepare more data, or use fewer workers or a smaller block_size"
+    )
+    with pytest.raises(BadRequest, match=r"validation split \(30 tokens in 1 shard\(s\)\) is too small"):
+        check_job(manifest([100, 100], [30]), job(block_size=32))
+    with pytest.raises(BadRequest, match="cannot be split among 4 workers"):
+        check_job(manifest([2], [50]), job(workers=4, block_size=8))

@@ -276,9 +276,10 @@ def test_a_malicious_recipe_run_by_a_real_agent_reads_nothing_of_the_agent_or_co
     with LocalNetwork(tmp_path, settings={"GPUFLEX_AGENT_SECRET": AGENT_SECRET}) as net:
         url = net.start_coordinator()
         net.start_agent("core", price=0.1, core=True, extra=["--core-token", CORE_TOKEN])
+        net.start_agent("box", price=0.1)  # a job starts with its aggregator and its worker placed together
         client = Client(url, Client(url).create_account("mallory").token)
         client.deposit(5)
-        wait_for(lambda: client.offers(), 90, "the agent to register")
+        wait_for(lambda: len(client.offers()) == 2, 90, "the agents to register")
         spec = JobSpec.model_validate(
             {
                 "name": "probe",

@@ -41,6 +41,11 @@ class Client:
         self.http.request("PUT", f"/v1/blobs/{digest}", content=data)
         return digest
 
+    def missing_blobs(self, keys: list[str]) -> m.BlobsMissing:
+        """Which of ``keys`` the blob store lacks (each once, in order), and its size limit per blob."""
+        body = m.BlobKeys(keys=keys).model_dump()
+        return m.BlobsMissing.model_validate(self.http.request("POST", "/v1/blobs/missing", json=body).json())
+
     def submit(self, spec: JobSpec, dataset: str | None = None, recipe_code: str | None = None) -> m.JobInfo:
         """Submit a job whose inputs (dataset, user recipe file) are already uploaded."""
         body = m.JobSubmit(spec=spec, dataset=dataset, recipe_code=recipe_code).model_dump(mode="json")

@@ -204,6 +204,17 @@ class Offer(Message):
 # -- jobs -----------------------------------------------------------------------------------
 
 
+class BlobKeys(Message):
+    """Blob keys to ask about (``POST /v1/blobs/missing``): an upload sends only what the store lacks."""
+
+    keys: Annotated[list[Sha256], Field(max_length=10_000)]
+
+
+class BlobsMissing(Message):
+    missing: list[Sha256] = Field(description="the keys asked about that the store does not hold, in order")
+    max_blob_bytes: int = Field(description="the largest blob the store takes: larger files go up in parts")
+
+
 class JobSubmit(Message):
     spec: JobSpec
     dataset: Sha256 | None = Field(None, description="the uploaded data; None if the recipe brings its own")

@@ -1,4 +1,5 @@
-"""The content-addressed blob store over HTTP: the body's sha256 must equal the key."""
+"""The content-addressed blob store over HTTP: the body's sha256 must equal the key; ``missing`` says
+which of a list of keys the store lacks, so an upload sends nothing twice."""
 
 from typing import Annotated
 
@@ -7,11 +8,19 @@ from fastapi import APIRouter, Path, Request, Response
 from gpuflex.coordinator.auth import BlobReader, BlobWriter, Ctx
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
+from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])
 
 # Checked again by the store itself: a key that is not 64 hex digits never reaches a path.
 Digest = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="the blob's sha256, lower-case hex")]
+
+
+@router.post("/missing")
+def missing_blobs(body: m.BlobKeys, _who: BlobWriter, ctx: Ctx) -> m.BlobsMissing:
+    """Which of ``keys`` the store does not hold, and the largest blob it takes."""
+    missing = [k for k in dict.fromkeys(body.keys) if not ctx.blobs.exists(k)]
+    return m.BlobsMissing(missing=missing, max_blob_bytes=ctx.settings.max_blob_bytes)
 
 
 @router.put(

@@ -37,9 +37,11 @@ from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.compression import Compressor, ErrorFeedback, get_compressor
 from gpuflex.train.outer import GlobalReplica, weighted_mean
 from gpuflex.train.peer_audit import audit_with_peers
+from gpuflex.train.pretrained import model_directory
 from gpuflex.train.recipes import Batch, Recipe, build_model, evaluate, for_task, shards
 from gpuflex.train.robust import flatten, robust_mean, unflatten
 from gpuflex.train.sync import sync
+from gpuflex.train.trainable import trainable
 from gpuflex.train.transport import Transport, fetch_verified
 from gpuflex.train.verifier import Judged, Verifier
 
@@ -123,20 +125,24 @@ def run_aggregator(
     should_stop: Callable[[], bool] = lambda: False,
 ) -> AggregatorSummary:
     """The aggregator task of a job: its recipe and data come with the task's config."""
-    recipe, data = for_task(config, lambda digest: fetch_verified(transport, digest))
-    verifier = None
-    if config.training.verification.robust:
-        data_for = shards(config, recipe, lambda digest: fetch_verified(transport, digest))
-        verifier = Verifier(config.training, recipe, data_for, config.num_workers)
-    return aggregate(
-        config.training,
-        transport,
-        recipe,
-        data.validation,
-        verifier=verifier,
-        poll_interval_s=poll_interval_s,
-        should_stop=should_stop,
-    )
+
+    def fetch(digest: str) -> bytes:
+        return fetch_verified(transport, digest)
+
+    with model_directory(config.training, fetch) as model_dir:
+        recipe, data = for_task(config, fetch, model_dir)
+        verifier = None
+        if config.training.verification.robust:
+            verifier = Verifier(config.training, recipe, shards(config, recipe, fetch), config.num_workers)
+        return aggregate(
+            config.training,
+            transport,
+            recipe,
+            data.validation,
+            verifier=verifier,
+            poll_interval_s=poll_interval_s,
+            should_stop=should_stop,
+        )
 
 
 def aggregate(
@@ -256,7 +262,7 @@ class _Gatherer:
     ):
         self.transport = transport
         self.compressor = compressor
-        self.shapes = {n: p.shape for n, p in model.named_parameters()}
+        self.shapes = {n: p.shape for n, p in trainable(model).items()}
         self.poll_interval_s = poll_interval_s
         self.should_stop = should_stop
         self.decoded: dict[str, Delta | None] = {}  # by blob digest; None: rejected

@@ -15,6 +15,9 @@ link is not throttled::
     result = run_local(spec, corpus, workers=4, options=[WorkerOptions(link=Link(100e6, 0.05))] * 4)
     result.rounds[-1].val_loss, result.workers[0].link.bytes_total, result.workers[0].summary.utilization
 
+A job whose spec has ``model.from`` gets its model directory as a network job does: bundled into the
+job's blobs (``train.pretrained.bundle_model``), which every node holds already, so they are not metered.
+
 The parent watches the rounds as they are published (``on_round``), collects every task's summary
 and returns them with the rounds. If a task fails, the error is raised in the parent as the same
 ``GPUFlexError`` class (any other exception as ``ServiceError``), naming the task, with the child's
@@ -37,6 +40,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener, wait
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,6 +65,7 @@ from gpuflex.train.throttle import Link, LinkStats, ThrottledTransport
 from gpuflex.train.transport import LocalTransport, Transport
 from gpuflex.train.worker import WorkerSummary, run_worker
 
+LOCAL_PART_BYTES = 64 << 20  # model files are cut as the coordinator's default blob limit cuts them
 STOP_GRACE_S = 10.0  # how long stopped tasks get to return before they are terminated
 TRANSPORT_METHODS = frozenset(
     name for name in vars(Transport) if not name.startswith("_")
@@ -107,6 +112,8 @@ class LocalResult:
     aggregator: AggregatorSummary
     workers: list[LocalWorker]
     logs: list[tuple[str, str]] = field(default_factory=list)  # (task id, message), in order
+    checkpoint: bytes | None = None  # the last published full state (what `job fetch` downloads)
+    spec: TrainingSpec | None = None  # the spec the tasks ran (with ``model.uploaded`` when it has one)
 
 
 def slowdown_hook(
@@ -151,9 +158,11 @@ def run_local(
     )
     dataset_digest = hub.put_blob(dataset) if dataset is not None else None
     code_digest = hub.put_blob(recipe_code) if recipe_code is not None else None
+    spec, model_blobs = _model_blobs(spec, hub)
     configs = [_config(spec, "aggregator", 0, workers, dataset_digest, code_digest)]
     configs += [_config(spec, "worker", i, workers, dataset_digest, code_digest) for i in range(workers)]
-    launch = _Launch(threads, poll_interval_s, frozenset(d for d in (dataset_digest, code_digest) if d))
+    preloaded = frozenset(d for d in (dataset_digest, code_digest, *model_blobs) if d)
+    launch = _Launch(threads, poll_interval_s, preloaded)
     watcher = _RoundWatcher(hub, on_round)
     with _HubServer(hub) as server, _Children(server.address, server.authkey, launch) as children:
         for config, option in zip(configs, [WorkerOptions(), *options], strict=True):
@@ -161,12 +170,26 @@ def run_local(
         outcomes = children.collect(watcher.poll, timeout_s)
     watcher.poll()
     aggregator, *worker_outcomes = (outcomes[c.task_id] for c in configs)
+    final = next((p.checkpoint for p in reversed(hub.history()) if p.checkpoint), None)
     return LocalResult(
         rounds=watcher.records,
         aggregator=aggregator.summary,
         workers=[LocalWorker(o.summary, o.link) for o in worker_outcomes],
         logs=hub.logs(),
+        checkpoint=hub.get_blob(final) if final else None,
+        spec=spec,
     )
+
+
+def _model_blobs(spec: TrainingSpec, hub: LocalTransport) -> tuple[TrainingSpec, list[str]]:
+    """The job's model directory (``model.from``) into the hub as a network job's would be uploaded: the
+    spec with ``model.uploaded`` set, and the blobs' keys."""
+    if spec.model.from_ is None:
+        return spec, []
+    from gpuflex.train.pretrained import bundle_model  # transformers: only for a job that needs it
+
+    spec, bundle, parts = bundle_model(Path(spec.model.from_), spec, LOCAL_PART_BYTES)
+    return spec, [hub.put_blob(bundle.to_bytes()), *(hub.put_blob(part.read()) for part in parts)]
 
 
 def _config(
@@ -365,6 +388,7 @@ def _child_main(
 ) -> None:
     """A task process: run the task over the parent's hub and send back its outcome."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (commitment.py)
     torch.set_num_threads(launch.threads)
     try:
         hub = _HubClient(address, authkey, config.task_id)

@@ -3,7 +3,7 @@
 Every model is strict (``extra="forbid"``) so a typo is an error that names the field::
 
     name: stdlib-char-gpt
-    resources: {workers: 3, min_workers: 3, min_vram_gb: 0, min_tflops: 0, accelerators: [], region: null,
+    resources: {workers: 3, min_workers: 3, min_vram_gb: null, min_tflops: 0, accelerators: [], region: null,
                 min_core_workers: 0, core_fallback: true}
     training: {recipe: char-gpt, rounds: 8, inner_steps: 30, compression: int8, batch_size: 32, lr: 0.003,
                precision: fp32, micro_batch_size: null, gradient_checkpointing: false, lora: null}
@@ -46,7 +46,11 @@ class Resources(_Strict):
         description="training starts only once this many workers can be placed together (with the "
         "aggregator); the rest join as nodes free up. Default: all of workers",
     )
-    min_vram_gb: Annotated[float, Field(ge=0)] = 0
+    min_vram_gb: Annotated[float, Field(ge=0)] | None = Field(
+        None,
+        description="GPU memory a worker's node needs; unset: the market's estimate from the model's size, "
+        "precision and LoRA (market/memory.py), asked of GPU nodes only",
+    )
     min_tflops: Annotated[float, Field(ge=0)] = 0
     accelerators: list[str] = Field(default_factory=list, description="any-of GPU names; empty: any, CPU too")
     region: str | None = None

@@ -22,6 +22,7 @@ from gpuflex.protocol.spec import JobSpec, load_job_spec
 job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
 console = Console()
 JobId = Annotated[str, typer.Argument(help="job id, as `gpuflex jobs` lists it")]
+KEYS_PER_ASK = 10_000  # blob keys per `missing_blobs` call (the route's limit)
 
 
 def upload_inputs(client: Client, spec: JobSpec) -> dict[str, str | None]:
@@ -41,6 +42,42 @@ def upload_inputs(client: Client, spec: JobSpec) -> dict[str, str | None]:
     return {"dataset": dataset, "recipe_code": recipe_code}
 
 
+def upload_model(client: Client, spec: JobSpec) -> JobSpec:
+    """With ``training.model.from``: check and size the model directory here (``train.pretrained``), upload
+    what the blob store lacks of it (files cut into parts at the store's blob limit, one part in memory at
+    a time), and return the spec naming it (``model.size``, ``model.uploaded``; ``from`` made absolute, for
+    ``job fetch --format hf``). Without it, ``spec`` as it is."""
+    if spec.training.model.from_ is None:
+        return spec
+    from gpuflex.train.pretrained import bundle_model, with_model
+
+    root = Path(spec.training.model.from_).expanduser().resolve()
+    training = with_model(spec.training, from_=str(root))
+    training, bundle, parts = bundle_model(root, training, client.missing_blobs([]).max_blob_bytes)
+    manifest = bundle.to_bytes()
+    keys = [p.sha256 for p in parts]
+    missing = {
+        k
+        for i in range(0, len(keys), KEYS_PER_ASK)
+        for k in client.missing_blobs(keys[i : i + KEYS_PER_ASK]).missing
+    }
+    sent = 0
+    for part in parts:
+        if part.sha256 in missing:
+            client.upload(part.read())
+            sent += part.size
+    client.upload(manifest)
+    size = training.model.size
+    assert size is not None, "bundle_model sizes the model"
+    console.print(
+        f"model {root}: {size.parameters:,} parameters ({size.trainable:,} trained), "
+        f"{len(bundle.files)} files; uploaded {len(missing)} of {len(parts)} blobs ({sent / 1e6:.1f} MB), "
+        "the rest already stored",
+        highlight=False,
+    )
+    return spec.model_copy(update={"training": training})
+
+
 def submit(
     spec_file: Annotated[Path, typer.Argument(help="job spec YAML", metavar="JOB.yaml")],
     watch: Annotated[bool, typer.Option(help="follow the job until it ends")] = False,
@@ -52,6 +89,7 @@ def submit(
     this says why."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
+    spec = upload_model(client, spec)
     inputs = upload_inputs(client, spec)
     unplaced = _unplaced(client, spec)  # before submitting: what the job's first placement will find
     job = client.submit(spec, **inputs)
@@ -88,8 +126,19 @@ def quote(
     token: Token = None,
 ) -> None:
     """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
-    q = consumer_client(url, token).quote(load_job_spec(spec_file))
+    spec = load_job_spec(spec_file)
+    if spec.training.model.from_ is not None:  # the market sizes the job by the model directory's counts
+        from gpuflex.train.pretrained import sized
+
+        spec = spec.model_copy(update={"training": sized(spec.training)})
+    q = consumer_client(url, token).quote(spec)
     _warn_if_short(q)
+    if q.vram_estimate_gb is not None and spec.resources.min_vram_gb is None:
+        console.print(
+            f"memory: a worker on a GPU needs ≈ {q.vram_estimate_gb:.1f} GB of VRAM by the market's estimate "
+            "(set resources.min_vram_gb to choose yourself)",
+            highlight=False,
+        )
     if not q.placeable:
         console.print("[bold yellow]the job cannot be placed now:[/]", highlight=False)
         for problem in q.problems:
@@ -227,14 +276,50 @@ def cancel(job_id: JobId, url: Url = None, token: Token = None) -> None:
 @job_app.command("fetch")
 def fetch(
     job_id: JobId,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="file to write")] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="file (safetensors) or, with --format hf, directory")
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="safetensors: the checkpoint as is; hf: a Hugging Face directory")
+    ] = "safetensors",
+    merge: Annotated[
+        bool, typer.Option(help="--format hf of a LoRA job: merge the adapters into the base")
+    ] = False,
+    base: Annotated[
+        Path | None,
+        typer.Option(help="--format hf: the job's model directory, if not where it was submitted from"),
+    ] = None,
     url: Url = None,
     token: Token = None,
 ) -> None:
-    """Download a job's final checkpoint (safetensors)."""
-    output = output or Path(f"{job_id}.safetensors")
-    output.write_bytes(consumer_client(url, token).checkpoint(job_id))
-    console.print(f"checkpoint written to {output}")
+    """Download a job's final checkpoint: safetensors as trained, or with --format hf a directory that
+    transformers loads (for LoRA, the adapter over the base, or --merge for merged weights)."""
+    if fmt not in ("safetensors", "hf"):
+        raise BadRequest(f"--format is safetensors or hf, not {fmt!r}")
+    client = consumer_client(url, token)
+    if fmt == "safetensors":
+        output = output or Path(f"{job_id}.safetensors")
+        output.write_bytes(client.checkpoint(job_id))
+        console.print(f"checkpoint written to {output}")
+        return
+    from gpuflex.train.export import export_hf
+    from gpuflex.train.pretrained import same_model
+
+    training = client.job(job_id).spec.training
+    if training.model.from_ is None or training.model.uploaded is None:
+        raise BadRequest(
+            f"job {job_id} did not fine-tune a model directory: fetch its safetensors checkpoint"
+        )
+    root = base or Path(training.model.from_)
+    if not root.is_dir() or not same_model(root, training.model.uploaded):
+        raise BadRequest(
+            f"{root} is not the model directory job {job_id} was submitted with (its files differ, or it is "
+            "not on this machine): pass it with --base"
+        )
+    output = output or Path(job_id)
+    export_hf(client.checkpoint(job_id), training, root, output, merge=merge)
+    kind = "merged model" if merge else "LoRA adapter" if training.lora else "model"
+    console.print(f"{kind} written to {output} (transformers loads it with from_pretrained)")
 
 
 @job_app.command("watch")

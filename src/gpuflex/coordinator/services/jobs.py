@@ -21,7 +21,9 @@ from gpuflex.ledger import accounts
 from gpuflex.ledger.settlement import settle_job
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import credits_text, to_credits, to_micro
+from gpuflex.protocol.spec import ModelSpec
 from gpuflex.storage import BlobStore
+from gpuflex.storage.bundles import Bundle, model_problem
 
 MAX_TASK_FAILURES = 3
 
@@ -32,6 +34,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
             raise BadRequest(f"{what} blob {digest} is not in the blob store: upload it first")
     if (msg.spec.training.recipe == "user") != (msg.recipe_code is not None):
         raise BadRequest("recipe 'user' needs its recipe code uploaded, and only it takes recipe code")
+    _check_model(msg.spec.training.model, blobs)
     job = Job(
         id=new_id("j"),
         account_id=account.id,
@@ -63,6 +66,30 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         session.add(Task(id=new_id("t"), job_id=job.id, role="worker", index=i, state="pending"))
     session.add(JobEvent(job_id=job.id, at=now, message=f"submitted by {account.name}; budget in escrow"))
     return job
+
+
+def _check_model(model: ModelSpec, blobs: BlobStore) -> None:
+    """A job with ``model.from`` names an uploaded model directory whose every blob the store holds, with
+    a config.json and safetensors weights (``gpuflex submit`` uploads it); whether transformers builds it
+    is checked by the CLI, which has transformers."""
+    if model.from_ is None:
+        return
+    if model.uploaded is None or model.size is None:
+        raise BadRequest(
+            "training.model.from: the model directory is not uploaded (gpuflex submit uploads it)"
+        )
+    if not blobs.exists(model.uploaded.manifest):
+        raise BadRequest(
+            f"model manifest blob {model.uploaded.manifest} is not in the blob store: upload it first"
+        )
+    bundle = Bundle.from_bytes(blobs.get(model.uploaded.manifest))
+    if problem := model_problem([f.name for f in bundle.files]):
+        raise BadRequest(f"training.model.from: the model directory {problem}")
+    absent = [d for d in bundle.digests() if not blobs.exists(d)]
+    if absent:
+        raise BadRequest(
+            f"{len(absent)} blobs of the model directory are not in the blob store, {absent[0]} first"
+        )
 
 
 def _short_of(wallet_micro: int, budget_micro: int) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import torch
 from torch import Tensor, nn
 
 from gpuflex.errors import BadRequest
@@ -53,7 +52,9 @@ def build(spec: TrainingSpec) -> nn.Module:
 
 def build_pretrained(spec: TrainingSpec, model_dir: Path) -> nn.Module:
     """The model of a ``save_pretrained`` directory, in fp32: then LoRA and checkpointing."""
-    model = _transformers().AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # in its saved dtype, then fp32 (exact from bf16 or fp16): the name of from_pretrained's dtype argument
+    # changed between transformers releases
+    model = _transformers().AutoModelForCausalLM.from_pretrained(model_dir).float()
     vocab = model.get_input_embeddings().num_embeddings
     if vocab < VOCAB_SIZE:
         raise BadRequest(f"the model's vocabulary holds {vocab} ids; the job's byte data needs {VOCAB_SIZE}")

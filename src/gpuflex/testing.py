@@ -135,6 +135,49 @@ def train_bpe(documents: list[str], vocab_size: int, eos: str = "<|endoftext|>")
     return tokenizer
 
 
+def save_llama(
+    directory: Path,
+    documents: list[str],
+    *,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    vocab_size: int = 320,
+    context: int = 128,
+    seed: int = 0,
+) -> Path:
+    """A llama-shaped model with a BPE tokenizer trained on ``documents``, saved as a Hugging Face model
+    directory (``save_pretrained``: config.json, model.safetensors, tokenizer files): what a user brings
+    to ``training.model.from``. Seeded; nothing downloaded. The vocabulary holds at least the 256 byte ids
+    today's byte-level job data trains on."""
+    import torch
+    import transformers
+
+    transformers.logging.disable_progress_bar()
+    eos = "<|endoftext|>"
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=train_bpe(documents, vocab_size, eos), eos_token=eos
+    )
+    config = transformers.LlamaConfig(
+        vocab_size=max(len(tokenizer), 256),
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=context,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def small_job(
     data_dir: Path, *, workers: int, rounds: int, inner_steps: int = 15, name: str = "small", **training
 ) -> JobSpec:

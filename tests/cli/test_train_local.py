@@ -79,3 +79,43 @@ def test_a_prepared_dataset_too_small_for_the_job_is_one_clear_line(tmp_path):
         result = _gpuflex(*args, timeout=60)
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 1 and len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_a_lora_bf16_fine_tune_of_a_model_directory_exports_a_directory_that_generates(tmp_path):
+    import torch
+    import transformers
+
+    from gpuflex.testing import save_llama, write_corpus
+
+    write_corpus(tmp_path / "data", files=2, lines=300)
+    model = save_llama(tmp_path / "model", [(tmp_path / "data" / "part0.txt").read_text()])
+    result = _gpuflex(
+        *("--recipe", "hf-causal-lm", "--model-from", str(model), "--lora-r", "4", "--precision", "bf16"),
+        *("--workers", "2", "--rounds", "2", "--inner-steps", "2", "--batch-size", "8", "--block-size", "32"),
+        *("--micro-batch-size", "4", "--data", str(tmp_path / "data"), "--output-hf", str(tmp_path / "out")),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "LoRA r=4, bf16" in result.stdout
+    rounds = re.findall(r"^round +(\d+) .* (\d+) in +up (\d+\.\d) kB", result.stdout, re.MULTILINE)
+    assert [(r[0], r[1]) for r in rounds] == [("0", "0"), ("1", "2"), ("2", "2")]
+    weights = (model / "model.safetensors").stat().st_size
+    assert all(float(r[2]) * 1e3 < weights / 20 for r in rounds[1:])  # the adapters travel, not the model
+    tuned = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")(
+        "alpha beta", return_tensors="pt"
+    ).input_ids
+    assert tuned.generate(ids, max_new_tokens=3, do_sample=False).shape[-1] == ids.shape[-1] + 3
+    assert torch.isfinite(tuned(ids).logits).all()
+
+
+def test_a_lora_target_that_names_no_module_is_one_line_naming_those_there_are(tmp_path):
+    from gpuflex.testing import save_llama
+
+    model = save_llama(tmp_path / "model", ["alpha beta gamma. " * 40])
+    result = _gpuflex(
+        *("--recipe", "hf-causal-lm", "--model-from", str(model), "--lora-r", "4", "--lora-targets", "qkv"),
+        timeout=60,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "qkv matches no module of the model; its modules: down_proj" in lines[0]

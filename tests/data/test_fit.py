@@ -30,12 +30,16 @@ def manifest(train: list[int], validation: list[int], tokenizer: TokenizerInfo =
     )
 
 
-def job(recipe: str = "char-gpt", workers: int = 2, block_size: int = 32):
+def job(recipe: str = "char-gpt", workers: int = 2, block_size: int = 32, model_vocab: int | None = None):
+    """A job's spec; ``model_vocab``: of a model directory (``model.from``), as the CLI counted it."""
+    model: dict = {"block_size": block_size}
+    if model_vocab is not None:
+        model |= {"from": "./model", "size": {"parameters": 1, "trainable": 1, "vocab": model_vocab}}
     return parse_job_spec(
         {
             "name": "fit",
             "resources": {"workers": workers},
-            "training": {"recipe": recipe, "model": {"block_size": block_size}},
+            "training": {"recipe": recipe, "model": model},
             "data": {"prepared": "./prepared"},
         }
     )
@@ -44,7 +48,7 @@ def job(recipe: str = "char-gpt", workers: int = 2, block_size: int = 32):
 def test_a_dataset_that_fits_passes():
     check_job(manifest([100, 100, 100, 40], [50]), job(workers=4))
     check_job(manifest([100, 100], [50], BYTES), job("hf-causal-lm"))
-    check_job(manifest([100, 100], [50], BPE), job("hf-causal-lm"), model_vocab=300)
+    check_job(manifest([100, 100], [50], BPE), job("hf-causal-lm", model_vocab=300))
 
 
 def test_char_gpt_needs_a_bytes_dataset():
@@ -64,7 +68,7 @@ def test_a_vocabulary_beyond_the_models_embeddings_is_refused():
         "prepare the data with the model's own tokenizer"
     )
     with pytest.raises(BadRequest, match="vocabulary of 300 ids, more than the model's 299 embeddings"):
-        check_job(manifest([100, 100], [50], BPE), job("hf-causal-lm"), model_vocab=299)
+        check_job(manifest([100, 100], [50], BPE), job("hf-causal-lm", model_vocab=299))
 
 
 def test_a_dataset_too_small_for_the_workers_is_refused_naming_the_numbers():

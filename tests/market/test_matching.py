@@ -297,6 +297,7 @@ reqs_st = st.builds(
     max_price_per_hour=st.floats(0.01, 2),
     min_core_workers=st.integers(0, 4),
     core_fallback=st.booleans(),
+    gpu_vram_gb=st.sampled_from([0.0, 12.0, 30.0]),
 )
 
 

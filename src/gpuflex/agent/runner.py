@@ -16,6 +16,8 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
+    # inner steps run in torch's deterministic mode, which refuses cuBLAS without a fixed workspace
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
 
     from gpuflex.client import TaskClient

@@ -53,6 +53,38 @@ def upload_inputs(client: Client, spec: JobSpec) -> dict[str, str | None]:
     return {"dataset": dataset, "recipe_code": recipe_code}
 
 
+def upload_model(client: Client, spec: JobSpec) -> JobSpec:
+    """With ``training.model.from``: check and size the model directory here (``train.pretrained``), upload
+    what the blob store lacks of it (files cut into parts at the store's blob limit, one part in memory at
+    a time), and return the spec naming it (``model.size``, ``model.uploaded``; ``from`` made absolute, for
+    ``job fetch --format hf``). Without it, ``spec`` as it is."""
+    if spec.training.model.from_ is None:
+        return spec
+    from gpuflex.train.pretrained import bundle_model, with_model
+
+    root = Path(spec.training.model.from_).expanduser().resolve()
+    training = with_model(spec.training, from_=str(root))
+    training, bundle, parts = bundle_model(root, training, client.missing_blobs([]).max_blob_bytes)
+    manifest = bundle.to_bytes()
+    keys = [p.sha256 for p in parts]
+    missing = set(client.missing_blobs(keys).keys)
+    sent = 0
+    for part in parts:
+        if part.sha256 in missing:
+            client.upload(part.read())
+            sent += part.size
+    client.upload(manifest)
+    size = training.model.size
+    assert size is not None, "bundle_model sizes the model"
+    console.print(
+        f"model {root}: {size.parameters:,} parameters ({size.trainable:,} trained), "
+        f"{len(bundle.files)} files; uploaded {len(missing)} of {len(parts)} blobs ({sent / 1e6:.1f} MB), "
+        "the rest already stored",
+        highlight=False,
+    )
+    return spec.model_copy(update={"training": training})
+
+
 def submit(
     spec_file: Annotated[Path, typer.Argument(help="job spec YAML", metavar="JOB.yaml")],
     watch: Annotated[
@@ -69,6 +101,7 @@ def submit(
     goes on)."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
+    spec = upload_model(client, spec)
     inputs = upload_inputs(client, spec)
     unplaced = _unplaced(client, spec)  # before submitting: what the job's first placement will find
     job = client.submit(spec, **inputs)
@@ -107,8 +140,19 @@ def quote(
     token: Token = None,
 ) -> None:
     """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
-    q = consumer_client(url, token).quote(load_job_spec(spec_file))
+    spec = load_job_spec(spec_file)
+    if spec.training.model.from_ is not None:  # the market sizes the job by the model directory's counts
+        from gpuflex.train.pretrained import sized
+
+        spec = spec.model_copy(update={"training": sized(spec.training)})
+    q = consumer_client(url, token).quote(spec)
     _warn_if_short(q)
+    if q.vram_estimate_gb is not None and spec.resources.min_vram_gb is None:
+        console.print(
+            f"memory: a worker on a GPU needs ≈ {q.vram_estimate_gb:.1f} GB of VRAM by the market's estimate "
+            "(set resources.min_vram_gb to choose yourself)",
+            highlight=False,
+        )
     if not q.placeable:
         console.print("[bold yellow]the job cannot be placed now:[/]", highlight=False)
         for problem in q.problems:
@@ -251,22 +295,46 @@ def cancel(job_id: JobId, url: Url = None, token: Token = None) -> None:
 def fetch(
     job_id: JobId,
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="file to write \\[default: JOB_ID.safetensors]")
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="file (safetensors), or directory with --format hf \\[default: JOB_ID.safetensors, JOB_ID/]",
+        ),
+    ] = None,
+    fmt: Annotated[
+        str, typer.Option("--format", help="safetensors: the checkpoint as is; hf: a Hugging Face directory")
+    ] = "safetensors",
+    merge: Annotated[
+        bool, typer.Option(help="--format hf of a LoRA job: merge the adapters into the base")
+    ] = False,
+    base: Annotated[
+        Path | None,
+        typer.Option(help="--format hf: the job's model directory, if not where it was submitted from"),
     ] = None,
     url: Url = None,
     token: Token = None,
 ) -> None:
-    """Download a job's model (safetensors): the final one once the job completed; before that, or if it
-    failed or was cancelled, its newest checkpoint, and it says of which round."""
+    """Download a job's model: the final one once the job completed; before that, or if it failed or was
+    cancelled, its newest checkpoint, and it says of which round. As safetensors (the checkpoint as
+    trained) or, with --format hf, a directory that transformers loads (for LoRA, the adapter over the
+    base, or --merge for merged weights)."""
+    if fmt not in ("safetensors", "hf"):
+        raise BadRequest(f"--format is safetensors or hf, not {fmt!r}")
     client = consumer_client(url, token)
     data = client.checkpoint(job_id)
     job = client.job(job_id)  # read after the download: its rounds include the one the checkpoint is of
     digest = hashlib.sha256(data).hexdigest()
     of_round = next((r.round for r in job.rounds_log if r.checkpoint == digest), job.round)
-    output = output or Path(f"{job.id}.safetensors")
-    output.write_bytes(data)
+    if fmt == "safetensors":
+        output = output or Path(f"{job.id}.safetensors")
+        output.write_bytes(data)
+        what = "model"
+    else:
+        output = output or Path(job.id)
+        what = _export_hf(job, data, output, base, merge)
     if job.state == "completed" and digest == job.checkpoint:
-        console.print(f"final model of job {job.id} (round {of_round}) written to {output}", highlight=False)
+        console.print(f"final {what} of job {job.id} (round {of_round}) written to {output}", highlight=False)
         return
     status = (
         f"is still {job.state} (round {job.round}/{job.rounds}): fetch again once it completes"
@@ -274,9 +342,31 @@ def fetch(
         else f"ended {job.state} at round {job.round}/{job.rounds}"
     )
     console.print(
-        f"checkpoint of round {of_round} written to {output}; not a final model: job {job.id} {status}",
+        f"{what} of round {of_round} written to {output}; not a final model: job {job.id} {status}",
         highlight=False,
     )
+
+
+def _export_hf(job: JobInfo, checkpoint: bytes, output: Path, base: Path | None, merge: bool) -> str:
+    """Write ``checkpoint`` as a directory transformers loads, over the job's model directory (found
+    where it was submitted from, or ``base``); returns what it wrote."""
+    from gpuflex.train.export import export_hf
+    from gpuflex.train.pretrained import same_model
+
+    training = job.spec.training
+    if training.model.from_ is None or training.model.uploaded is None:
+        raise BadRequest(
+            f"job {job.id} did not fine-tune a model directory: fetch its safetensors checkpoint"
+        )
+    root = base or Path(training.model.from_)
+    if not root.is_dir() or not same_model(root, training.model.uploaded):
+        raise BadRequest(
+            f"{root} is not the model directory job {job.id} was submitted with (its files differ, or it is "
+            "not on this machine): pass it with --base"
+        )
+    export_hf(checkpoint, training, root, output, merge=merge)
+    kind = "merged model" if merge else "LoRA adapter" if training.lora else "model"
+    return f"{kind} (transformers loads it with from_pretrained)"
 
 
 @job_app.command("watch")

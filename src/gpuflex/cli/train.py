@@ -4,6 +4,8 @@
     gpuflex train local --compression topk --density 0.02 --outer-momentum 0 --error-decay 0.95 \\
         --overlap --bandwidth-mbit 100 --latency-ms 50 --slow-worker 3 --round-seconds 5
     gpuflex train local --prepared ./prepared --workers 2      # what `gpuflex data prepare` wrote
+    gpuflex train local --recipe hf-causal-lm --model-from ./my-model --lora-r 8 --precision bf16 \\
+        --output-hf ./my-model-tuned
 
 It builds the text to train on (the standard library's source, or the UTF-8 files under
 ``--data DIR``, whatever their extension; or each task reads its shards of ``--prepared DIR``), runs
@@ -26,7 +28,7 @@ from gpuflex.errors import BadRequest, SpecError
 from gpuflex.protocol.spec import DataSpec, TrainingSpec, describe_validation_error
 
 if TYPE_CHECKING:
-    from gpuflex.train.local import LocalWorker, RoundRecord, WorkerOptions
+    from gpuflex.train.local import LocalResult, LocalWorker, RoundRecord, WorkerOptions
 
 console = Console()
 train_app = typer.Typer(help="Train without the marketplace.", no_args_is_help=True)
@@ -94,6 +96,24 @@ def local(
     latency_ms: Annotated[float, typer.Option(help="each worker's link: latency per call")] = 0.0,
     slow_worker: Annotated[float, typer.Option(help="make worker 0 this many times slower")] = 1.0,
     threads: Annotated[int, typer.Option(help="torch threads per process")] = 1,
+    model_from: Annotated[
+        Path | None, typer.Option(help="hf-causal-lm: a save_pretrained directory to fine-tune")
+    ] = None,
+    block_size: Annotated[int, typer.Option(help="tokens per training sequence")] = SPEC.model.block_size,
+    lora_r: Annotated[int | None, typer.Option(help="train LoRA adapters of this rank (peft)")] = None,
+    lora_alpha: Annotated[float, typer.Option(help="LoRA's alpha")] = 16.0,
+    lora_targets: Annotated[
+        str, typer.Option(help="LoRA's target modules, comma-separated")
+    ] = "q_proj,v_proj",
+    precision: Annotated[str, typer.Option(help="fp32 | bf16 | fp16 (autocast)")] = SPEC.precision,
+    micro_batch_size: Annotated[
+        int | None, typer.Option(help="gradient accumulation: micro-batches of this size")
+    ] = None,
+    gradient_checkpointing: Annotated[bool, typer.Option(help="hf-causal-lm: recompute activations")] = False,
+    output_hf: Annotated[
+        Path | None, typer.Option(help="with --model-from: write the result as a Hugging Face directory")
+    ] = None,
+    merge: Annotated[bool, typer.Option(help="with --output-hf and LoRA: merge the adapters")] = False,
 ) -> None:
     """Train a job's replicas as local processes; print the loss of every round and each worker's traffic."""
     fields = {
@@ -110,12 +130,27 @@ def local(
         "overlap": overlap,
         "round_seconds": round_seconds,
         "seed": seed,
+        "model": {"block_size": block_size, "from": str(model_from) if model_from else None},
+        "precision": precision,
+        "micro_batch_size": micro_batch_size,
+        "gradient_checkpointing": gradient_checkpointing,
     }
+    if lora_r is not None:
+        targets = [t.strip() for t in lora_targets.split(",") if t.strip()]
+        fields["lora"] = {"r": lora_r, "alpha": lora_alpha, "target_modules": targets}
     spec = build_spec(fields)
+    if output_hf is not None and model_from is None:
+        raise BadRequest("--output-hf writes a fine-tune of --model-from: give the model directory")
     options = _worker_options(workers, bandwidth_mbit, latency_ms, slow_worker, threads)
     code = _read(recipe_file) if recipe_file else None
     dataset = _dataset(spec, code, data, max_bytes) if prepared is None else None
-    _run(spec, dataset, code, options, threads, prepared)
+    result = _run(spec, dataset, code, options, threads, prepared)
+    if output_hf is not None and model_from is not None:
+        from gpuflex.train.export import export_hf
+
+        assert result.checkpoint is not None and result.spec is not None, "a finished job has a checkpoint"
+        export_hf(result.checkpoint, result.spec, model_from, output_hf, merge=merge)
+        console.print(f"Hugging Face model directory written to {output_hf}")
 
 
 def _compression(method: str, density: float, values: str, error_decay: float) -> dict[str, Any]:
@@ -169,13 +204,16 @@ def _run(
     options: list[WorkerOptions],
     threads: int,
     prepared: Path | None = None,
-) -> None:
+) -> LocalResult:
     from gpuflex.train.local import run_local
 
     label = spec.compression.label + (", overlapped" if spec.overlap else "")
-    console.print(
-        f"training {spec.recipe} on {len(options)} worker processes, {spec.rounds} rounds ({label})"
-    )
+    if spec.lora is not None:
+        label += f", LoRA r={spec.lora.r}"
+    if spec.precision != "fp32":
+        label += f", {spec.precision}"
+    what = spec.recipe if spec.model.from_ is None else f"{spec.recipe} from {spec.model.from_}"
+    console.print(f"training {what} on {len(options)} worker processes, {spec.rounds} rounds ({label})")
     try:
         result = run_local(
             spec,
@@ -199,6 +237,7 @@ def _run(
         f"final validation loss {_loss(last.val_loss)} after {last.round} rounds and {last.tokens:,} tokens, "
         f"{last.seconds - result.rounds[0].seconds:.1f}s from round 0"
     )
+    return result
 
 
 def _print_round(record: RoundRecord) -> None:

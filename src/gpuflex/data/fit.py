@@ -13,14 +13,17 @@ from gpuflex.errors import BadRequest
 from gpuflex.protocol.spec import JobSpec
 
 
-def check_job(manifest: Manifest, spec: JobSpec, model_vocab: int | None = None) -> None:
+def check_job(manifest: Manifest, spec: JobSpec) -> None:
     """BadRequest unless ``spec`` can train on ``manifest``'s tokens.
 
     char-gpt is byte-level: it needs a ``bytes`` manifest. hf-causal-lm needs every id to have an
-    embedding: a vocabulary of at most ``model_vocab`` (the model config's ``vocab_size``; None: the
-    256 byte values a model built from the spec's shape has).
+    embedding: a vocabulary of at most the model's (``model.size.vocab``, the config's ``vocab_size``
+    the CLI read from ``model.from``; without one, the 256 byte values a model built from the spec's
+    shape has).
     """
     tokenizer, recipe = manifest.tokenizer, spec.training.recipe
+    size = spec.training.model.size
+    model_vocab = size.vocab if size is not None else None
     if recipe == "char-gpt" and tokenizer.kind != "bytes":
         raise BadRequest(
             f"recipe char-gpt is byte-level, and this dataset was tokenized with a tokenizer of "

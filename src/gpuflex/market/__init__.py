@@ -16,6 +16,8 @@ coordinator and the simulator run the same code.
                 orders (``price,-reliability``); bad input raises ``QueryError`` with a caret line
 - ``pricing``   what nodes are paid: fixed asks, or a sealed-bid reverse auction for the workers
                 (k lowest asks win, all paid the (k+1)-th ask: truthful); how long a round takes
+- ``memory``    the GPU memory a worker needs, estimated from the model's size, precision and LoRA
+                when ``resources.min_vram_gb`` is unset (asked of GPU nodes only)
 - ``placement`` ``place_job``: one job's tasks onto free offers as one decision, a job that has not
                 started as a gang of its aggregator and ``min_workers`` workers or nothing
 - ``waiting``   why a job's tasks wait, node by node (busy, barred, short of stake, the first

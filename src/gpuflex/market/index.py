@@ -52,6 +52,7 @@ class OfferIndex:
         self.tflops = self._column(lambda o: o.tflops)
         self.hours = self._column(lambda o: np.nan if o.hours_left is None else o.hours_left)
         self.core = self._column(lambda o: o.kind == "core", bool)
+        self.gpu = self.vram > 0  # what ``matching`` holds to the job's VRAM estimate
         self.available = np.isnan(self.hours) | (self.hours > 0)
         self.free = np.ones(len(self.offers), dtype=bool)
         self.regions, self.region = self._codes(o.region.casefold() for o in self.offers)
@@ -86,7 +87,7 @@ class OfferIndex:
         if check is _price:
             return ~(self.price <= req.max_price_per_hour)  # written so that NaN fails too
         if check is _vram:
-            return ~(self.vram >= req.min_vram_gb)
+            return ~(self.vram >= np.where(self.gpu, req.vram_needed(True), req.vram_needed(False)))
         if check is _tflops:
             return ~(self.tflops >= req.min_tflops)
         if check is _region:

@@ -8,7 +8,8 @@ that many workers go to core nodes first) and may forbid the fallback (``core_fa
 its other workers then wait for community nodes). A worker on a core node, whatever the
 reason, is metered at that node's own price: that is "the core price". The aggregator runs
 only on a core node (it holds the global model, so it must be trusted); it needs little
-compute, so only the price cap and the region apply to it, and the cheapest wins. No task of
+compute, so only the price cap and the region apply to it, and the cheapest wins. A GPU node must hold
+the job's VRAM: ``resources.min_vram_gb``, or unset, the market's estimate (``memory.py``). No task of
 any kind goes to a node whose offered time has run out. Every choice carries a reason a person
 can read.
 
@@ -53,6 +54,11 @@ class Requirements:
     min_core_workers: int = 0  # of all the job's workers, at least this many on core nodes
     core_fallback: bool = True  # workers beyond that quota may use core nodes when community is short
     min_workers: int | None = None  # the job starts once this many can be placed together; None: all
+    gpu_vram_gb: float = 0.0  # the market's estimate (``memory``), asked of GPU nodes only; 0: none
+
+    def vram_needed(self, gpu: bool) -> float:
+        """GB of VRAM a node needs: ``min_vram_gb``, and on a GPU node (one with VRAM) the estimate too."""
+        return max(self.min_vram_gb, self.gpu_vram_gb) if gpu else self.min_vram_gb
 
     @property
     def start_workers(self) -> int:
@@ -61,10 +67,14 @@ class Requirements:
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> Requirements:
+        from gpuflex.market.memory import vram_estimate_gb  # it sizes models with pricing, which imports us
+
         r = spec.resources
+        estimate = vram_estimate_gb(spec.training) if r.min_vram_gb is None else None
         return cls(
             workers=r.workers,
-            min_vram_gb=r.min_vram_gb,
+            min_vram_gb=r.min_vram_gb or 0.0,
+            gpu_vram_gb=estimate or 0.0,
             min_tflops=r.min_tflops,
             accelerators=tuple(a.strip() for a in r.accelerators if a.strip()),
             region=r.region,
@@ -106,8 +116,10 @@ def _price(offer: NodeOffer, req: Requirements) -> str | None:
 
 
 def _vram(offer: NodeOffer, req: Requirements) -> str | None:
-    if not offer.vram_gb >= req.min_vram_gb:
-        return f"vram {_num(offer.vram_gb, 0)} GB < {_num(req.min_vram_gb, 0)} GB"
+    needed = req.vram_needed(offer.vram_gb > 0)
+    if not offer.vram_gb >= needed:
+        estimated = " (the job's estimated need)" if needed > req.min_vram_gb else ""
+        return f"vram {_num(offer.vram_gb, 0)} GB < {_num(needed, 0)} GB{estimated}"
     return None
 
 

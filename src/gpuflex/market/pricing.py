@@ -179,9 +179,11 @@ def parameter_count(training: TrainingSpec) -> int | None:
     mlp-digits (64 pixels, L hidden layers of width d, 10 classes):
         64·d + d + (L−1)·(d² + d) + 10·d + 10
     with V = 256 bytes, d = n_embd, L = n_layer, T = block_size. char-gpt's default shape gives
-    254,592, as ``CharGPT.num_params`` counts.
+    254,592, as ``CharGPT.num_params`` counts. A model directory (``model.from``): the CLI's count.
     """
     m = training.model
+    if m.size is not None:  # a model directory, counted by the CLI
+        return m.size.parameters
     d, n_layer = m.n_embd, m.n_layer
     if training.recipe == "mlp-digits":
         return DIGITS_PIXELS * d + d + (n_layer - 1) * (d * d + d) + DIGITS_CLASSES * d + DIGITS_CLASSES
@@ -190,6 +192,12 @@ def parameter_count(training: TrainingSpec) -> int | None:
     if training.recipe in ("char-gpt", "hf-causal-lm"):
         return VOCAB * d + m.block_size * d + n_layer * (12 * d * d + 13 * d) + 2 * d
     return None
+
+
+def trained_count(training: TrainingSpec) -> int | None:
+    """Parameters the job trains, and so exchanges each round: LoRA's adapters, or all of them."""
+    size = training.model.size
+    return size.trainable if size is not None else parameter_count(training)
 
 
 def tokens_per_step(training: TrainingSpec) -> int:

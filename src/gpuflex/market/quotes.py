@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from gpuflex.errors import BadRequest
 from gpuflex.market.index import OfferIndex
 from gpuflex.market.matching import NodeOffer, Requirements, unmet
+from gpuflex.market.memory import vram_estimate_gb
 from gpuflex.market.placement import JobPlacement, place_job
 from gpuflex.market.pricing import (
     EFFICIENCY,
@@ -34,6 +35,7 @@ from gpuflex.market.pricing import (
     slash_to_deter,
     step_seconds,
     tokens_per_step,
+    trained_count,
 )
 from gpuflex.market.waiting import Held, why_waiting
 from gpuflex.protocol.spec import JobSpec, TrainingSpec
@@ -72,6 +74,7 @@ class Quote:
     slash_to_deter: float | None = None  # the slash that deters shirking from round 1 (None: no audits)
     assumptions: tuple[str, ...] = ()
     waiting: tuple[str, ...] = ()  # placeable, but not every worker at once: why the others would wait
+    vram_estimate_gb: float | None = None  # ``memory.vram_estimate_gb``: asked of GPU nodes when unset
 
 
 def quote(spec: JobSpec, offers: Sequence[NodeOffer], held: Mapping[str, Held] | None = None) -> Quote:
@@ -114,7 +117,13 @@ def quote(spec: JobSpec, offers: Sequence[NodeOffer], held: Mapping[str, Held] |
     )
     if agg_waits or placement.short:
         problems = tuple(dict.fromkeys(str(w) for w in (agg_waits, workers_wait) if w))
-        return Quote(spec.pricing, False, problems=problems, budget=spec.budget)
+        return Quote(
+            spec.pricing,
+            False,
+            problems=problems,
+            budget=spec.budget,
+            vram_estimate_gb=vram_estimate_gb(spec.training),
+        )
     by_id = {o.node_id: o for o in offers}
     workers = [by_id[c.node_id] for c in placement.workers.choices]
     spares = _spares(req, offers, set(held) | set(chosen), placement.clearing_price)
@@ -154,7 +163,10 @@ def _estimate(
         return step_seconds(training, o.tflops, efficiency)
 
     def duration(slowest: NodeOffer, efficiency: float, extra_rounds: int) -> float:
-        return (training.rounds + extra_rounds) * round_seconds(training, step_s(slowest, efficiency), params)
+        exchanged = trained_count(training)
+        return (training.rounds + extra_rounds) * round_seconds(
+            training, step_s(slowest, efficiency), exchanged
+        )
 
     def paid(o: NodeOffer) -> float:
         return o.price_per_hour if clearing is None else clearing
@@ -200,6 +212,7 @@ def _estimate(
         shirking_pays_rounds=shirking_pays_rounds(training, round_pay),
         slash_to_deter=slash_to_deter(training.verification, round_pay),
         assumptions=_assumptions(params, training),
+        vram_estimate_gb=vram_estimate_gb(training),
     )
 
 

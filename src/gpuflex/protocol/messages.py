@@ -337,6 +337,11 @@ class Quote(Message):
         None, description="the verification.slash that deters it from the first round; None with no audits"
     )
     assumptions: list[str] = Field(default_factory=list)
+    vram_estimate_gb: float | None = Field(
+        None,
+        description="GPU memory a worker needs by the market's estimate, asked of GPU nodes when "
+        "resources.min_vram_gb is not set; None when the model's size is unknown",
+    )
     waiting: list[str] = Field(
         default_factory=list,
         description="placeable with resources.min_workers but not every worker now: why the others would "

@@ -3,9 +3,10 @@
 Every model is strict (``extra="forbid"``) so a typo is an error that names the field::
 
     name: stdlib-char-gpt
-    resources: {workers: 3, min_workers: 3, min_vram_gb: 0, min_tflops: 0, accelerators: [], region: null,
+    resources: {workers: 3, min_workers: 3, min_vram_gb: null, min_tflops: 0, accelerators: [], region: null,
                 min_core_workers: 0, core_fallback: true}
-    training: {recipe: char-gpt, rounds: 8, inner_steps: 30, compression: int8, batch_size: 32, lr: 0.003}
+    training: {recipe: char-gpt, rounds: 8, inner_steps: 30, compression: int8, batch_size: 32, lr: 0.003,
+               precision: fp32, micro_batch_size: null, gradient_checkpointing: false, lora: null}
     data: {source: stdlib}   # or {prepared: ./prepared}: a directory `gpuflex data prepare` wrote
     max_price_per_hour: 0.50
     budget: 2.00
@@ -46,7 +47,11 @@ class Resources(_Strict):
         description="training starts only once this many workers can be placed together (with the "
         "aggregator); the rest join as nodes free up. Default: all of workers",
     )
-    min_vram_gb: Annotated[float, Field(ge=0)] = 0
+    min_vram_gb: Annotated[float, Field(ge=0)] | None = Field(
+        None,
+        description="GPU memory a worker's node needs; unset: the market's estimate from the model's size, "
+        "precision and LoRA (market/memory.py), asked of GPU nodes only",
+    )
     min_tflops: Annotated[float, Field(ge=0)] = 0
     accelerators: list[str] = Field(default_factory=list, description="any-of GPU names; empty: any, CPU too")
     region: str | None = None
@@ -76,12 +81,42 @@ class Resources(_Strict):
         return self
 
 
+class UploadedModel(_Strict):
+    """A model directory in the blob store, as ``gpuflex submit`` uploaded it from ``model.from``: the
+    manifest's hash (``storage.bundles``) and the part size its files were cut at."""
+
+    manifest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    part_bytes: Annotated[int, Field(ge=1, le=1 << 40)] = Field(
+        description="bundling the directory again at this part size gives the same manifest"
+    )
+
+
+class ModelSize(_Strict):
+    """A model directory's size, counted by the CLI from ``model.from``: what the market sizes the job
+    by. The consumer's word: a wrong count misplaces only its own job."""
+
+    parameters: Annotated[int, Field(ge=1, le=10**15)]
+    trainable: Annotated[int, Field(ge=1, le=10**15)] = Field(
+        description="parameters trained: all, or LoRA's adapters"
+    )
+    layers: Annotated[int, Field(ge=1, le=10_000)] = 1
+    hidden: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+    vocab: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
+        None, description="the config's vocab_size: the ids a prepared dataset may hold"
+    )
+
+
 class ModelSpec(_Strict):
     """The model's shape: char-gpt's defaults give a few hundred thousand parameters.
 
     ``architecture`` is read by hf-causal-lm (gpt2 | llama); mlp-digits reads n_embd as its hidden
-    width and n_layer as its depth.
+    width and n_layer as its depth. ``from`` (hf-causal-lm only) is a ``save_pretrained`` directory on
+    the consumer's machine: the model is loaded from it instead, and of this section only
+    ``block_size`` (the sequence length trained on) still applies; ``size`` and ``uploaded`` are what
+    the CLI counted and sent of it.
     """
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
     architecture: Literal["gpt2", "llama"] = "gpt2"
     n_layer: Annotated[int, Field(ge=1, le=48)] = 2
@@ -89,12 +124,35 @@ class ModelSpec(_Strict):
     n_embd: Annotated[int, Field(ge=8, le=4096)] = 96
     block_size: Annotated[int, Field(ge=8, le=4096)] = 64
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    from_: str | None = Field(
+        None, alias="from", description="a save_pretrained directory (config.json, *.safetensors, tokenizer)"
+    )
+    size: ModelSize | None = Field(None, description="set by the CLI from `from`; not written by hand")
+    uploaded: UploadedModel | None = Field(
+        None, description="set by the CLI from `from`; not written by hand"
+    )
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelSpec:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+        if (self.uploaded is not None or self.size is not None) and self.from_ is None:
+            raise ValueError("size and uploaded come with from: they describe that directory")
         return self
+
+
+class LoraSpec(_Strict):
+    """LoRA adapters (through peft) on the modules named: only they train and travel."""
+
+    r: Annotated[int, Field(ge=1, le=1024)] = 8
+    alpha: Annotated[float, Field(gt=0, le=4096)] = 16
+    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0, description="above 0 draws random masks, which an audit does not re-draw: keep 0 to be audited"
+    )
+    target_modules: Annotated[list[str], Field(min_length=1)] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        description="module names (or their last part) that get adapters, e.g. q_proj, v_proj, c_attn",
+    )
 
 
 class CompressionSpec(_Strict):
@@ -176,6 +234,20 @@ class TrainingSpec(_Strict):
     round_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 120
     model: ModelSpec = Field(default_factory=ModelSpec)
     verification: VerificationSpec = Field(default_factory=VerificationSpec)
+    lora: LoraSpec | None = Field(
+        None, description="hf-causal-lm: train LoRA adapters instead of every weight"
+    )
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="autocast dtype of the inner steps (weights stay fp32); fp16 scales the loss, and falls "
+        "back to fp32 on a CPU, which has no fp16 autocast worth the name",
+    )
+    micro_batch_size: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        None, description="split each batch into micro-batches of this size (gradient accumulation)"
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="hf-causal-lm: recompute activations in the backward pass to save memory"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingSpec:
@@ -186,6 +258,21 @@ class TrainingSpec(_Strict):
                 "verification.peer_segments needs robust verification and synchronous rounds (no overlap): "
                 "peers re-run segments while they wait for the round to close"
             )
+        hf_only = {
+            "model.from": self.model.from_ is not None,
+            "lora": self.lora is not None,
+            "gradient_checkpointing": self.gradient_checkpointing,
+        }
+        for field, used in hf_only.items():
+            if used and self.recipe != "hf-causal-lm":
+                raise ValueError(f"{field} needs recipe hf-causal-lm, not {self.recipe}")
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of "
+                f"micro_batch_size ({self.micro_batch_size})"
+            )
+        if self.model.from_ is not None and self.local_devices > 1:
+            raise ValueError("model.from does not combine with local_devices > 1 yet")
         if self.local_devices > 1 and self.round_seconds is not None:
             raise ValueError(
                 "round_seconds does not combine with local_devices > 1 yet (ranks step in lockstep)"

@@ -19,6 +19,10 @@ Map of the files (data flows down this list):
 - ``throttle``     a simulated link around a transport: meters the bytes, delays each call
 - ``compression/`` pseudo-gradient codecs (fp16/bf16, int8/4/2, chunked top-k) and error feedback
 - ``checkpoint``   tensors <-> safetensors bytes (never pickle: blobs come from untrusted nodes)
+- ``trainable``    the parameters a job trains, exchanges, commits to and checkpoints (LoRA: the adapters)
+- ``precision``    an inner step's numerics: autocast dtype, fp16's loss scale, micro-batches
+- ``pretrained``   a job's model directory: checked and sized for submit, written out from blobs in a task
+- ``export``       a checkpoint as a Hugging Face directory (full, LoRA adapter, or merged)
 - ``recipes/``     what a job trains: char-gpt, hf-causal-lm, mlp-digits, or a user's recipe file
 - ``model``        CharGPT, a nanoGPT-style byte-level decoder
 - ``data``         the byte-level dataset: split, shards, reproducible batches

@@ -100,7 +100,7 @@ def made_up(
         data=data.hexdigest(),
         every=every,
         trace=trace,
-        device=device_class(s.replica.device),
+        device=device_class(s.replica.device, s.replica.inner.label),
     )
     state = {f"p.{n}": t for n, t in s.start.items()}
     return commitment, tuple(Segment(i * every, state, state, []) for i in range(length))

@@ -38,9 +38,11 @@ from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.compression import Compressor, ErrorFeedback, get_compressor
 from gpuflex.train.outer import GlobalReplica, weighted_mean
 from gpuflex.train.peer_audit import audit_with_peers
+from gpuflex.train.pretrained import model_directory
 from gpuflex.train.recipes import Batch, Recipe, build_model, evaluate, for_task, shards
 from gpuflex.train.robust import flatten, robust_mean, unflatten
 from gpuflex.train.sync import sync
+from gpuflex.train.trainable import trainable
 from gpuflex.train.transport import Transport, fetch_verified
 from gpuflex.train.verifier import Judged, Verifier
 
@@ -120,27 +122,29 @@ def run_aggregator(
     should_stop: Callable[[], bool] = lambda: False,
     reader: ShardReader | None = None,
 ) -> AggregatorSummary:
-    """The aggregator task of a job: its recipe and data come with the task's config (``reader``: see
-    ``run_worker``); it evaluates on the validation split, and its verifier draws each worker's batches."""
+    """The aggregator task of a job: its recipe, model directory and data come with the task's config
+    (``reader``: see ``run_worker``); it evaluates on the validation split, and its verifier draws each
+    worker's batches."""
 
     def fetch(digest: str) -> bytes:
         return fetch_verified(transport, digest)
 
     reader = reader or FetchedShards(transport.get_blob)
-    recipe, data = for_task(config, fetch, reader)
-    verifier = None
-    if config.training.verification.robust:
-        data_for = shards(config, recipe, fetch, reader)
-        verifier = Verifier(config.training, recipe, data_for, config.num_workers)
-    return aggregate(
-        config.training,
-        transport,
-        recipe,
-        data.validation,
-        verifier=verifier,
-        poll_interval_s=poll_interval_s,
-        should_stop=should_stop,
-    )
+    with model_directory(config.training, fetch) as model_dir:
+        recipe, data = for_task(config, fetch, reader, model_dir)
+        verifier = None
+        if config.training.verification.robust:
+            data_for = shards(config, recipe, fetch, reader)
+            verifier = Verifier(config.training, recipe, data_for, config.num_workers)
+        return aggregate(
+            config.training,
+            transport,
+            recipe,
+            data.validation,
+            verifier=verifier,
+            poll_interval_s=poll_interval_s,
+            should_stop=should_stop,
+        )
 
 
 def aggregate(
@@ -256,7 +260,7 @@ class _Gatherer:
     ):
         self.transport = transport
         self.compressor = compressor
-        self.shapes = {n: p.shape for n, p in model.named_parameters()}
+        self.shapes = {n: p.shape for n, p in trainable(model).items()}
         self.poll_interval_s = poll_interval_s
         self.should_stop = should_stop
         self.decoded: dict[str, Delta | None] = {}  # by blob digest; None: rejected

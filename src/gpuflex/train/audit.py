@@ -58,8 +58,10 @@ from gpuflex.train.commitment import (
     training_state,
 )
 from gpuflex.train.compression import get_compressor, with_residual
+from gpuflex.train.precision import InnerStep
 from gpuflex.train.recipes import Batch, Recipe, build_model
 from gpuflex.train.schedule import lr_factor, lr_range
+from gpuflex.train.trainable import trainable
 from gpuflex.train.worker import inner_optimizer, step
 
 TOLERANCE = 1e-3  # across hardware classes: relative L2 distance of the re-run end state to the uploaded one
@@ -156,7 +158,7 @@ def _rerun_segment(
     except BadRequest as err:
         return Finding(True, f"its audit state does not fit the model: {err.message}")
     expected, got = c.trace[claim.segment], trace_hash(model, optimizer)
-    if c.device == device_class(torch.device("cpu")):
+    if c.device == _own_class(spec):
         if expected != got:
             return Finding(
                 True, f"re-running segment {claim.segment} does not reproduce its trace", _diff(expected, got)
@@ -201,7 +203,13 @@ def check_state(
         if bad:
             return Finding(True, bad, {"segment": index, "got": str(seg.lrs[:8])})
         lrs.append(segment_lrs)
-    return _binding(spec, claim, state, c.device == device_class(torch.device("cpu"))) or lrs
+    return _binding(spec, claim, state, c.device == _own_class(spec)) or lrs
+
+
+def _own_class(spec: TrainingSpec) -> str:
+    """The auditor's hardware class: this process's CPU, in the job's precision as a CPU runs it."""
+    cpu = torch.device("cpu")
+    return device_class(cpu, InnerStep.for_spec(spec, cpu).label)
 
 
 def rerun(
@@ -217,13 +225,14 @@ def rerun(
     """Re-run segment after segment (``lrs``: each one's steps) from the training state ``start``, after
     ``step_`` steps of the round: yields the optimizer after each (``model`` moves in place)."""
     optimizer = _restore(spec, model, start)
+    inner = InnerStep.for_spec(spec, torch.device("cpu"))
     k = step_
     for segment_lrs in lrs:
         with deterministic():
             for lr in segment_lrs:
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                step(recipe, model, model, optimizer, batches[k], *(rank[k] for rank in ranks))
+                step(recipe, model, model, optimizer, batches[k], *(rank[k] for rank in ranks), inner=inner)
                 k += 1
         yield optimizer
 
@@ -314,7 +323,7 @@ def _learning_rates(
 def _restore(spec: TrainingSpec, model: torch.nn.Module, state: Params) -> torch.optim.Optimizer:
     """Load ``state`` into ``model`` and a fresh inner optimizer; every parameter must be in it."""
     optimizer = inner_optimizer(model, spec)
-    named = dict(model.named_parameters())
+    named = trainable(model)
     for key, tensor in state.items():
         kind, _, name = key.partition(".")
         if name not in named or kind not in ("p", "exp_avg", "exp_avg_sq", "step"):

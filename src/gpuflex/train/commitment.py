@@ -43,6 +43,7 @@ from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import MAX_TRACE, Commitment
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.checkpoint import load_tensors, save_tensors
+from gpuflex.train.trainable import trainable
 
 TRACE_HEX = 16  # trace hashes are sha256 truncated to 64 bits: a forgery still needs 2^64 tries
 SEGMENTS = 8  # trace hashes per round by default (``VerificationSpec.trace_every``: None)
@@ -56,12 +57,15 @@ def trace_every(spec: TrainingSpec) -> int:
     return max(every, -(-spec.inner_steps // MAX_TRACE))
 
 
-def device_class(device: torch.device) -> str:
-    """The hardware class whose members reproduce each other's traces bit for bit."""
+def device_class(device: torch.device, precision: str = "fp32") -> str:
+    """The hardware class whose members reproduce each other's traces bit for bit: the device (a CPU's
+    thread count), and the inner steps' precision unless fp32 (``cpu/4t/bf16``, ``cuda:9.0/bf16``)."""
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        return f"cuda:{major}.{minor}"
-    return f"{device.type}/{torch.get_num_threads()}t"
+        own = f"cuda:{major}.{minor}"
+    else:
+        own = f"{device.type}/{torch.get_num_threads()}t"
+    return own if precision == "fp32" else f"{own}/{precision}"
 
 
 def params_hash(params: Params) -> str:
@@ -74,9 +78,9 @@ def params_hash(params: Params) -> str:
 
 
 def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Params:
-    """Parameters and AdamW moments under one flat naming: what a trace hash covers."""
+    """Trainable parameters and their AdamW moments under one flat naming: what a trace hash covers."""
     state: Params = {}
-    for name, p in model.named_parameters():
+    for name, p in trainable(model).items():
         state[f"p.{name}"] = p.detach()
         moments = optimizer.state.get(p, {})
         for key in ("exp_avg", "exp_avg_sq", "step"):

@@ -29,6 +29,7 @@ from gpuflex.train.collective import CollectiveTransport
 from gpuflex.train.compression import ErrorFeedback, get_compressor
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.sync import sync
+from gpuflex.train.trainable import trainable
 from gpuflex.train.transport import Decoder, Exchange, Outgoing, Transport, wait_for_round
 
 
@@ -107,7 +108,7 @@ class DiLoCo:
             self._exchange()
 
     def _exchange(self) -> None:
-        delta = {n: self.start[n] - p.detach() for n, p in self.model.named_parameters()}
+        delta = {n: self.start[n] - p.detach() for n, p in trainable(self.model).items()}
         outgoing = Outgoing(
             blob=self.feedback.compress(delta),
             tokens=self.spec.inner_steps * self.tokens_per_step,
@@ -126,6 +127,6 @@ class DiLoCo:
             self.finished = True
             return
         with torch.no_grad():
-            for name, p in self.model.named_parameters():
+            for name, p in trainable(self.model).items():
                 p.copy_(self.replica.parameters()[name])
-        self.start = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        self.start = {n: p.detach().clone() for n, p in trainable(self.model).items()}

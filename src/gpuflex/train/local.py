@@ -21,6 +21,9 @@ each worker opened is in ``LocalWorker.shards``::
 
     result = run_local(spec, None, workers=4, prepared=Path("./prepared"))
 
+A job whose spec has ``model.from`` gets its model directory as a network job does: bundled into the
+job's blobs (``train.pretrained.bundle_model``), which every node holds already, so they are not metered.
+
 The parent watches the rounds as they are published (``on_round``), collects every task's summary
 and returns them with the rounds. If a task fails, the error is raised in the parent as the same
 ``GPUFlexError`` class (any other exception as ``ServiceError``), naming the task, with the child's
@@ -71,6 +74,7 @@ from gpuflex.train.throttle import Link, LinkStats, ThrottledTransport
 from gpuflex.train.transport import LocalTransport, Transport
 from gpuflex.train.worker import WorkerSummary, run_worker
 
+LOCAL_PART_BYTES = 64 << 20  # model files are cut as the coordinator's default blob limit cuts them
 STOP_GRACE_S = 10.0  # how long stopped tasks get to return before they are terminated
 TRANSPORT_METHODS = frozenset(
     name for name in vars(Transport) if not name.startswith("_")
@@ -118,6 +122,8 @@ class LocalResult:
     aggregator: AggregatorSummary
     workers: list[LocalWorker]
     logs: list[tuple[str, str]] = field(default_factory=list)  # (task id, message), in order
+    checkpoint: bytes | None = None  # the last published full state (what `job fetch` downloads)
+    spec: TrainingSpec | None = None  # the spec the tasks ran (with ``model.uploaded`` when it has one)
 
 
 def slowdown_hook(
@@ -162,11 +168,14 @@ def run_local(
     hub = LocalTransport(
         spec.rounds, live_workers=workers, task_id="local", audit_rate=spec.verification.audit_rate
     )
+    spec, model_blobs = _model_blobs(
+        spec, hub
+    )  # first: it counts the model's vocabulary, which data.fit reads
     if prepared is not None:
         dataset = _prepared_manifest(spec, workers, prepared)
     dataset_digest = hub.put_blob(dataset) if dataset is not None else None
     code_digest = hub.put_blob(recipe_code) if recipe_code is not None else None
-    preloaded = frozenset(d for d in (dataset_digest, code_digest) if d)
+    preloaded = frozenset(d for d in (dataset_digest, code_digest, *model_blobs) if d)
     launch = _Launch(threads, poll_interval_s, preloaded, prepared)
     inputs = {
         "workers": workers,
@@ -183,12 +192,26 @@ def run_local(
         outcomes = children.collect(watcher.poll, timeout_s)
     watcher.poll()
     aggregator, *worker_outcomes = (outcomes[c.task_id] for c in configs)
+    final = next((p.checkpoint for p in reversed(hub.history()) if p.checkpoint), None)
     return LocalResult(
         rounds=watcher.records,
         aggregator=aggregator.summary,
         workers=[LocalWorker(o.summary, o.link, o.shards) for o in worker_outcomes],
         logs=hub.logs(),
+        checkpoint=hub.get_blob(final) if final else None,
+        spec=spec,
     )
+
+
+def _model_blobs(spec: TrainingSpec, hub: LocalTransport) -> tuple[TrainingSpec, list[str]]:
+    """The job's model directory (``model.from``) into the hub as a network job's would be uploaded: the
+    spec with ``model.uploaded`` set, and the blobs' keys."""
+    if spec.model.from_ is None:
+        return spec, []
+    from gpuflex.train.pretrained import bundle_model  # transformers: only for a job that needs it
+
+    spec, bundle, parts = bundle_model(Path(spec.model.from_), spec, LOCAL_PART_BYTES)
+    return spec, [hub.put_blob(bundle.to_bytes()), *(hub.put_blob(part.read()) for part in parts)]
 
 
 def _config(
@@ -412,6 +435,7 @@ def _child_main(
 ) -> None:
     """A task process: run the task over the parent's hub and send back its outcome."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (commitment.py)
     torch.set_num_threads(launch.threads)
     try:
         hub = _HubClient(address, authkey, config.task_id)

@@ -25,6 +25,7 @@ from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.checkpoint import load_tensors, save_tensors
 from gpuflex.train.commitment import params_hash
 from gpuflex.train.compression import Compressor
+from gpuflex.train.trainable import load_trained_state, trainable, trained_state
 
 MODEL_PREFIX = "model."
 MOMENTUM_PREFIX = "outer_momentum."
@@ -38,11 +39,12 @@ class GlobalReplica:
         self.round = -1
         momentum = spec.outer_momentum
         self.outer = torch.optim.SGD(
-            model.parameters(), lr=spec.outer_lr, momentum=momentum, nesterov=momentum > 0
+            trainable(model).values(), lr=spec.outer_lr, momentum=momentum, nesterov=momentum > 0
         )
 
     def parameters(self) -> dict[str, Tensor]:
-        return dict(self.model.named_parameters())
+        """The trainable parameters (``trainable.py``): what rounds exchange and hashes cover."""
+        return dict(trainable(self.model))
 
     def decoder(self, compressor: Compressor) -> Callable[[bytes], dict[str, Tensor]]:
         """Decode blobs from the network into this model's shapes only (a hostile header can't
@@ -67,8 +69,9 @@ class GlobalReplica:
         return params_hash(self.parameters())
 
     def to_bytes(self, **metadata: object) -> bytes:
-        """The full state as safetensors; ``metadata`` (round, tokens, losses ...) is stored as JSON."""
-        tensors = {MODEL_PREFIX + k: v for k, v in self.model.state_dict().items()}
+        """The full state as safetensors (of the model: all but its frozen parameters); ``metadata``
+        (round, tokens, losses ...) is stored as JSON."""
+        tensors = {MODEL_PREFIX + k: v for k, v in trained_state(self.model).items()}
         for name, p in self.parameters().items():
             buffer = self.outer.state.get(p, {}).get("momentum_buffer")
             if buffer is not None:
@@ -121,7 +124,4 @@ def _unpack(data: bytes) -> tuple[dict[str, Tensor], dict[str, Tensor], dict]:
 
 
 def _load_state(model: nn.Module, state: dict[str, Tensor]) -> None:
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise BadRequest(f"the checkpoint does not fit the model: {err}") from None
+    load_trained_state(model, state)

@@ -59,6 +59,7 @@ from gpuflex.train.data import round_generator, round_seed
 from gpuflex.train.recipes import Batch, Recipe, TaskData, build_model
 from gpuflex.train.robust import THRESHOLDS, Delta, Thresholds, flatten, fresh, screen
 from gpuflex.train.schedule import lr_share
+from gpuflex.train.trainable import trainable
 
 MARGIN_BATCHES = 1  # assigned batches (the last ones drawn) a duplicate claim is judged on
 CONFIRM_BATCHES = 8  # at most, evenly spread to the last: assigned batches that confirm a suspicion
@@ -255,7 +256,7 @@ class Verifier:
         losses = []
         with torch.no_grad():
             for t in moves:
-                for name, p in self.scratch.named_parameters():
+                for name, p in trainable(self.scratch).items():
                     p.copy_(params[name] - t * delta[name])
                 losses.append(sum(self.recipe.loss(self.scratch, b).item() for b in batches) / len(batches))
         return losses

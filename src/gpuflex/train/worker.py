@@ -24,10 +24,10 @@ the aggregator hands it as another worker's peer (``peer_audit.py``). A task who
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -51,9 +51,12 @@ from gpuflex.train.compression import ErrorFeedback, get_compressor
 from gpuflex.train.data import round_seed
 from gpuflex.train.device_group import DeviceGroup
 from gpuflex.train.outer import GlobalReplica
+from gpuflex.train.precision import InnerStep
+from gpuflex.train.pretrained import model_directory
 from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task, shards
 from gpuflex.train.schedule import set_lr
 from gpuflex.train.sync import sync
+from gpuflex.train.trainable import trainable
 from gpuflex.train.transport import Transport, fetch_verified, wait_for_round
 
 if TYPE_CHECKING:
@@ -82,6 +85,7 @@ class WorkerSummary:
     peer_audit_s: float = 0.0  # time spent re-running other workers' segments as their peer
     wall_s: float = 0.0  # from the first round's start (joined) to the end
     finished: bool = False  # the job finished (rather than this worker being told to stop)
+    peak_memory_mb: float = 0.0  # the training device's peak allocation (CUDA), or the process's peak RSS
 
     @property
     def utilization(self) -> float:
@@ -144,6 +148,7 @@ class Replica:
         self.group = group
         self.device = group.device if group else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = build_model(self.spec, recipe).to(self.device)
+        self.inner = InnerStep.for_spec(self.spec, self.device)
         self.trained = group.wrap(self.model) if group else self.model  # what forward/backward go through
         self.optimizer = inner_optimizer(self.model, self.spec)
         compressor = get_compressor(self.spec.compression)
@@ -188,9 +193,9 @@ class Replica:
         ``late_s``: how long ago the round began (it was published). A time-budgeted worker that joins
         or catches up late trains only for the rest of the round, so it does not hold the round up, but
         at least ``LATE_MIN_SHARE`` of it.
-        ``steps``, ``seed`` (of the batches) and ``precision`` (autocast dtype) override what the job
-        assigns, and the steps in ``skip`` (never the first) are drawn and traced but not taken: only
-        ``adversaries`` use them, to shirk.
+        ``steps``, ``seed`` (of the batches) and ``precision`` (autocast dtype; else ``self.inner``'s)
+        override what the job assigns, and the steps in ``skip`` (never the first) are drawn and traced
+        but not taken: only ``adversaries`` use them, to shirk.
         """
         if self.spec.round_seconds is not None:
             late_s = min(late_s, (1 - LATE_MIN_SHARE) * self.spec.round_seconds)
@@ -199,7 +204,7 @@ class Replica:
         if rank == 0 and self.group:
             self.group.begin_round(start, label)
         with torch.no_grad():
-            for name, p in self.model.named_parameters():
+            for name, p in trainable(self.model).items():
                 p.copy_(start[name])
         seed = round_seed(self.spec.seed, self.worker_index, label, rank) if seed is None else seed
         generator = torch.Generator().manual_seed(seed)
@@ -209,8 +214,8 @@ class Replica:
         budget = self.spec.inner_steps if steps is None else steps
         self.model.train()
         losses: list[float] = []
-        lower = torch.autocast(self.device.type, precision) if precision is not None else nullcontext()
-        with deterministic(), lower:
+        inner = self.inner if precision is None else replace(self.inner, dtype=precision)
+        with deterministic():
             while len(losses) < budget and not self._out_of_time(began, len(losses)):
                 if should_stop():
                     return None
@@ -222,13 +227,13 @@ class Replica:
                 losses.append(
                     losses[-1]
                     if len(losses) in skip
-                    else step(self.recipe, self.trained, self.model, self.optimizer, batch)
+                    else step(self.recipe, self.trained, self.model, self.optimizer, batch, inner=inner)
                 )
                 if tracer:
                     tracer.after_step(self.model, self.optimizer)
                 if self.after_step is not None:
                     self.after_step(time.monotonic() - step_began)
-        delta = {n: start[n] - p.detach().cpu() for n, p in self.model.named_parameters()}
+        delta = {n: start[n] - p.detach().cpu() for n, p in trainable(self.model).items()}
         commitment, segments = tracer.commit(self.model, self.optimizer) if tracer else (None, ())
         compute_s = time.monotonic() - began - late_s
         return RoundResult(
@@ -244,7 +249,7 @@ class Replica:
     def device_class(self) -> str:
         """Its commitment's hardware class: a replica over several ranks averages their gradients by an
         all-reduce, whose sums an auditor's one process does not reproduce bit for bit."""
-        own = device_class(self.device)
+        own = device_class(self.device, self.inner.label)
         return f"{own}/ddp{self.group.size}" if self.group else own
 
     def _done(self, began: float, steps: int) -> float:
@@ -259,8 +264,8 @@ class Replica:
 
 
 def inner_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.Optimizer:
-    """The inner AdamW of a worker (and of an auditor's re-run)."""
-    return torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    """The inner AdamW of a worker (and of an auditor's re-run), over the trainable parameters."""
+    return torch.optim.AdamW(trainable(model).values(), lr=spec.lr, weight_decay=spec.weight_decay)
 
 
 def step(
@@ -270,23 +275,30 @@ def step(
     optimizer: torch.optim.Optimizer,
     batch,
     *ranks,
+    inner: InnerStep = InnerStep(),
 ) -> float:
     """One inner AdamW step on ``batch`` (the worker's, and an auditor's re-run of it); returns its loss.
 
-    ``ranks``: the other ranks' batches of a replica over several devices, in an auditor's re-run: the
-    step takes the mean of all the batches' gradients, as the replica's all-reduce did."""
+    ``inner``: the step's precision and micro-batches (``precision.py``). ``ranks``: the other ranks'
+    batches of a replica over several devices, in an auditor's re-run: the step takes the mean of all the
+    batches' gradients, as the replica's all-reduce did."""
     optimizer.zero_grad(set_to_none=True)
-    loss = recipe.loss(trained, batch)
-    loss.backward()
+    scaler = inner.scaler()
+    loss = inner.backward(recipe.loss, trained, batch, scaler)
     for other in ranks:
-        recipe.loss(trained, other).backward()
+        inner.backward(recipe.loss, trained, other, scaler)
     if ranks:
         for p in model.parameters():
             if p.grad is not None:
                 p.grad.div_(1 + len(ranks))
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-    optimizer.step()
-    return loss.item()
+    if scaler is not None:
+        scaler.step(optimizer)  # skipped when the gradients overflowed
+    else:
+        optimizer.step()
+    return loss
 
 
 def run_worker(
@@ -311,9 +323,33 @@ def run_worker(
         return blobs[digest]
 
     reader = reader or FetchedShards(transport.get_blob)
-    recipe, data = for_task(config, fetch, reader)
+    with model_directory(config.training, lambda digest: fetch_verified(transport, digest)) as model_dir:
+        recipe, data = for_task(config, fetch, reader, model_dir)
+        return _work(
+            config, transport, recipe, data, blobs, fetch, reader, poll_interval_s, should_stop, after_step
+        )
+
+
+def _work(
+    config: TaskConfig,
+    transport: Transport,
+    recipe: Recipe,
+    data: TaskData,
+    blobs: dict[str, bytes],
+    fetch: Callable[[str], bytes],
+    reader: ShardReader,
+    poll_interval_s: float,
+    should_stop: Callable[[], bool],
+    after_step: Callable[[float], None] | None,
+) -> WorkerSummary:
+    """``run_worker`` once the task's recipe and data are built (its model directory written out)."""
     group = DeviceGroup.start(config, blobs, _follow) if config.training.local_devices > 1 else None
     replica = Replica(config, recipe, data, group, after_step=after_step)
+    if replica.inner.label != config.training.precision:
+        transport.log(
+            f"precision {config.training.precision} needs a CUDA device; this {replica.device.type} node "
+            f"trains in {replica.inner.label}, and its commitments say so"
+        )
     adversary = None
     if config.adversary:
         from gpuflex.train import adversaries  # they import this module: a cheater trains with a Replica
@@ -338,7 +374,14 @@ def run_worker(
         loop.summary.wall_s = time.monotonic() - loop.began
     if loop.peers is not None:
         loop.summary.peer_audit_s = loop.peers.seconds
+    loop.summary.peak_memory_mb = _peak_memory_mb(replica.device)
     return loop.summary
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux counts kB
 
 
 def _follow(group: DeviceGroup, config: TaskConfig, blobs: dict[str, bytes]) -> None:

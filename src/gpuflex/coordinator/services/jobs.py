@@ -23,7 +23,9 @@ from gpuflex.ledger import accounts
 from gpuflex.ledger.settlement import scale_to, settle_job
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import format_credits, to_credits, to_micro
+from gpuflex.protocol.spec import ModelSpec
 from gpuflex.storage import BlobStore
+from gpuflex.storage.bundles import Bundle, model_problem
 
 MAX_TASK_FAILURES = 3
 
@@ -34,6 +36,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
             raise BadRequest(f"{what} blob {digest} is not in the blob store: upload it first")
     if (msg.spec.training.recipe == "user") != (msg.recipe_code is not None):
         raise BadRequest("recipe 'user' needs its recipe code uploaded, and only it takes recipe code")
+    _check_model(msg.spec.training.model, blobs)
     job = Job(
         id=new_id("j"),
         account_id=account.id,
@@ -86,6 +89,30 @@ def check_dataset(msg: m.JobSubmit, blobs: BlobStore) -> None:
         raise BadRequest(
             f"the blob store lacks {len(absent)} of the dataset's {len(shards)} shards: {named}{more}; "
             "upload them first"
+        )
+
+
+def _check_model(model: ModelSpec, blobs: BlobStore) -> None:
+    """A job with ``model.from`` names an uploaded model directory whose every blob the store holds, with
+    a config.json and safetensors weights (``gpuflex submit`` uploads it); whether transformers builds it
+    is checked by the CLI, which has transformers."""
+    if model.from_ is None:
+        return
+    if model.uploaded is None or model.size is None:
+        raise BadRequest(
+            "training.model.from: the model directory is not uploaded (gpuflex submit uploads it)"
+        )
+    if not blobs.exists(model.uploaded.manifest):
+        raise BadRequest(
+            f"model manifest blob {model.uploaded.manifest} is not in the blob store: upload it first"
+        )
+    bundle = Bundle.from_bytes(blobs.get(model.uploaded.manifest))
+    if problem := model_problem([f.name for f in bundle.files]):
+        raise BadRequest(f"training.model.from: the model directory {problem}")
+    absent = [d for d in bundle.digests() if not blobs.exists(d)]
+    if absent:
+        raise BadRequest(
+            f"{len(absent)} blobs of the model directory are not in the blob store, {absent[0]} first"
         )
 
 

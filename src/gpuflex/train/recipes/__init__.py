@@ -1,7 +1,7 @@
 """Recipes: what a job trains — a model, its data and its loss — by the name in the job spec.
 
     char-gpt       a nanoGPT-style byte-level GPT on the job's text (``char_gpt.py``)
-    hf-causal-lm   a transformers GPT-2 or Llama built from a config, no weights downloaded
+    hf-causal-lm   a transformers causal LM built from a config, or loaded from the job's model directory
     mlp-digits     an MLP on scikit-learn's bundled 8x8 digits
     user           a Python file of the consumer's, exposing build_model, build_data and loss
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -50,6 +51,15 @@ class Recipe:
     build_data: Callable[[bytes | None, TrainingSpec, int, int], TaskData]
     loss: Callable[[nn.Module, Batch], Tensor]
     needs_dataset: bool = True  # False: the recipe brings its own data
+    # (spec, model directory) -> the model loaded from it: the recipes that take ``model.from``
+    build_pretrained: Callable[[TrainingSpec, Path], nn.Module] | None = None
+
+    def from_directory(self, model_dir: Path) -> Recipe:
+        """This recipe with its model loaded from ``model_dir`` (the job's ``model.from``)."""
+        if self.build_pretrained is None:
+            raise BadRequest(f"recipe {self.name} does not load a model directory")
+        load = self.build_pretrained
+        return replace(self, build_model=lambda spec: load(spec, model_dir))
 
 
 _SEED_LOCK = threading.Lock()
@@ -76,12 +86,18 @@ def get_recipe(name: str, code: bytes | None = None) -> Recipe:
 
 
 def for_task(
-    config: TaskConfig, fetch: Callable[[str], bytes], reader: ShardReader | None = None
+    config: TaskConfig,
+    fetch: Callable[[str], bytes],
+    reader: ShardReader | None = None,
+    model_dir: Path | None = None,
 ) -> tuple[Recipe, TaskData]:
-    """The task's recipe and data; ``fetch`` gets a blob by hash (the recipe code, the dataset), and
-    ``reader`` a prepared dataset's shards (``recipes.prepared``)."""
+    """The task's recipe and data; ``fetch`` gets a blob by hash (the recipe code, the dataset),
+    ``reader`` a prepared dataset's shards (``recipes.prepared``); ``model_dir``: the job's model
+    directory, written out (``train.pretrained``), if it has one."""
     spec = config.training
     recipe = get_recipe(spec.recipe, fetch(config.recipe_code) if config.recipe_code else None)
+    if model_dir is not None:
+        recipe = recipe.from_directory(model_dir)
     if recipe.needs_dataset and config.dataset is None:
         raise BadRequest(f"recipe {spec.recipe} trains on a dataset, and the job has none")
     if config.prepared:

@@ -1,0 +1,117 @@
+"""A job's model directory (``training.model.from``): checked and sized on the consumer's machine, written
+out from its blobs on a provider.
+
+The CLI uploads the directory as a ``storage.bundles.Bundle`` (every file, large ones in parts) and names
+the manifest's hash in ``model.uploaded``, and what the market sizes the job by in ``model.size``
+(``describe``: counted on the meta device, so no weight is read). A task writes the files into a
+temporary directory of its own (``model_directory``, under the sandbox's work dir) and the recipe loads
+it with ``from_pretrained``; each task fetches them once, and the directory goes when the task ends (a
+provider-wide cache of model files by hash, like the shard cache, is not built yet).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.spec import ModelSize, TrainingSpec, UploadedModel
+from gpuflex.storage.bundles import Bundle, Part, bundle_directory, materialize, model_problem
+from gpuflex.train.checkpoint import sha256
+from gpuflex.train.recipes.hf_causal_lm import _transformers, with_lora
+from gpuflex.train.trainable import trainable
+
+
+def check_directory(root: Path) -> None:
+    """Refuse, in one line naming it, a path that is not a model directory that travels."""
+    if not root.is_dir():
+        raise BadRequest(f"training.model.from: {root} is not a directory")
+    problem = model_problem(sorted(p.name for p in root.iterdir() if p.is_file()))
+    if problem:
+        raise BadRequest(f"training.model.from: {root} {problem}")
+
+
+def describe(root: Path, training: TrainingSpec) -> ModelSize:
+    """Check ``root`` and build its model (with the spec's LoRA) on the meta device: its parameter count,
+    how many of them train, its depth and width. An architecture transformers cannot build, or a LoRA
+    target that names no module, is one line naming it."""
+    check_directory(root)
+    t = _transformers()
+    try:
+        config = t.AutoConfig.from_pretrained(root)
+    except (ValueError, KeyError, OSError) as err:
+        raise BadRequest(f"training.model.from: {root}/config.json: {_first_line(err)}") from None
+    try:
+        with torch.device("meta"):
+            model = t.AutoModelForCausalLM.from_config(config)
+            if training.lora is not None:
+                model = with_lora(model, training.lora)
+    except ValueError as err:
+        names = ", ".join(getattr(config, "architectures", None) or []) or "none named"
+        raise BadRequest(
+            f"training.model.from: transformers cannot build {root}'s architecture as a causal LM "
+            f"(model_type {config.model_type!r}, architectures: {names}): {_first_line(err)}"
+        ) from None
+    return ModelSize(
+        parameters=sum(p.numel() for p in model.parameters()),  # each tied tensor once
+        trainable=sum(p.numel() for p in trainable(model).values()),
+        layers=_first(config, ("num_hidden_layers", "n_layer", "num_layers"), 1),
+        hidden=_first(config, ("hidden_size", "n_embd", "d_model"), 1),
+        vocab=getattr(config, "vocab_size", None),
+    )
+
+
+def _first(config: object, names: tuple[str, ...], default: int) -> int:
+    return next((int(v) for n in names if isinstance(v := getattr(config, n, None), int)), default)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def bundle_model(
+    root: Path, training: TrainingSpec, part_bytes: int
+) -> tuple[TrainingSpec, Bundle, list[Part]]:
+    """Check and size ``root`` (``describe``), cut it into blobs of at most ``part_bytes``: the spec with
+    ``model.uploaded`` set, the manifest, and where each part lies (to upload, one at a time)."""
+    size = describe(root, training)
+    bundle, parts = bundle_directory(root, part_bytes)
+    uploaded = UploadedModel(manifest=sha256(bundle.to_bytes()), part_bytes=part_bytes)
+    return with_model(training, size=size, uploaded=uploaded), bundle, parts
+
+
+def sized(training: TrainingSpec) -> TrainingSpec:
+    """``training`` with ``model.size`` counted from ``model.from`` (unchanged without one)."""
+    if training.model.from_ is None:
+        return training
+    return with_model(training, size=describe(Path(training.model.from_), training))
+
+
+def with_model(training: TrainingSpec, **fields: object) -> TrainingSpec:
+    return training.model_copy(update={"model": training.model.model_copy(update=fields)})
+
+
+def same_model(root: Path, uploaded: UploadedModel) -> bool:
+    """Whether ``root`` holds exactly the files a job's model was uploaded from (a base to export over)."""
+    bundle, _ = bundle_directory(root, uploaded.part_bytes)
+    return sha256(bundle.to_bytes()) == uploaded.manifest
+
+
+@contextmanager
+def model_directory(training: TrainingSpec, fetch: Callable[[str], bytes]) -> Iterator[Path | None]:
+    """The job's model directory, written from its blobs into a temporary directory for as long as the
+    task runs (None for a job without one). ``fetch`` gets a blob by hash."""
+    uploaded = training.model.uploaded
+    if uploaded is None:
+        yield None
+        return
+    bundle = Bundle.from_bytes(fetch(uploaded.manifest))
+    problem = model_problem([f.name for f in bundle.files])
+    if problem:
+        raise BadRequest(f"the job's model directory {problem}")
+    with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
+        yield materialize(bundle, fetch, Path(tmp))

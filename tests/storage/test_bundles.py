@@ -1,0 +1,56 @@
+"""A directory as blobs: parts under the blob limit, joined and checked on the way back."""
+
+import hashlib
+
+import pytest
+
+from gpuflex.errors import BadRequest
+from gpuflex.storage.bundles import Bundle, bundle_directory, materialize, model_problem
+
+
+@pytest.fixture
+def directory(tmp_path):
+    root = tmp_path / "model"
+    root.mkdir()
+    (root / "config.json").write_bytes(b'{"model_type": "llama"}')
+    (root / "model.safetensors").write_bytes(bytes(range(256)) * 40)  # 10,240 bytes: 3 parts of 4 KiB
+    (root / "empty.txt").write_bytes(b"")
+    (root / ".hidden").write_bytes(b"left out")
+    return root
+
+
+def test_large_files_go_in_parts_under_the_limit_and_come_back_whole(directory, tmp_path):
+    bundle, parts = bundle_directory(directory, part_bytes=4096)
+    assert [f.name for f in bundle.files] == ["config.json", "empty.txt", "model.safetensors"]
+    weights = bundle.file("model.safetensors")
+    assert [p.size for p in weights.parts] == [4096, 4096, 2048]
+    assert weights.sha256 == hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
+    assert bundle.file("config.json").parts[0].sha256 == bundle.file("config.json").sha256  # a file that fits
+    store = {p.sha256: p.read() for p in parts}
+    assert all(len(blob) <= 4096 for blob in store.values())
+    again = Bundle.from_bytes(bundle.to_bytes())
+    out = materialize(again, store.__getitem__, tmp_path / "out")
+    for f in bundle.files:
+        assert (out / f.name).read_bytes() == (directory / f.name).read_bytes()
+    assert not (out / ".hidden").exists()
+
+
+def test_a_corrupt_part_or_a_name_outside_the_directory_is_refused(directory, tmp_path):
+    bundle, parts = bundle_directory(directory, part_bytes=4096)
+    store = {p.sha256: p.read() for p in parts}
+    first = bundle.file("model.safetensors").parts[0].sha256
+    store[first] = b"x" * 4096
+    with pytest.raises(BadRequest, match=r"model\.safetensors arrived corrupted"):
+        materialize(bundle, store.__getitem__, tmp_path / "out")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    hostile = bundle.to_bytes().replace(b'"config.json"', b'"../evil.json"')
+    with pytest.raises(BadRequest, match="not a model manifest"):
+        Bundle.from_bytes(hostile)
+
+
+def test_a_model_directory_needs_a_config_and_safetensors_weights():
+    assert model_problem(["config.json", "model.safetensors"]) is None
+    assert "has no config.json" in model_problem(["model.safetensors"])
+    assert model_problem(["config.json", "pytorch_model.bin"]) == (
+        "has no weights (*.safetensors) (only safetensors weights travel; a .bin is a pickle)"
+    )

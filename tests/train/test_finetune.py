@@ -1,0 +1,174 @@
+"""Fine-tuning a model directory: sized and checked at submit, LoRA's trainable-only exchange, precision
+and micro-batches in the inner step, audits that re-run a bf16 LoRA segment bit for bit, and export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.messages import Contribution, TaskConfig
+from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.testing import save_llama, write_corpus
+from gpuflex.train.checkpoint import sha256
+from gpuflex.train.export import export_hf
+from gpuflex.train.outer import GlobalReplica
+from gpuflex.train.precision import InnerStep
+from gpuflex.train.pretrained import describe
+from gpuflex.train.recipes import build_model, get_recipe
+from gpuflex.train.verifier import Verifier
+from gpuflex.train.worker import Replica, step
+
+LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    texts = tmp_path_factory.mktemp("texts") / "t"
+    write_corpus(texts, files=1, lines=200)
+    return save_llama(tmp_path_factory.mktemp("model") / "m", [(texts / "part0.txt").read_text()])
+
+
+def spec_for(model_dir: Path, **fields) -> TrainingSpec:
+    base = {
+        "recipe": "hf-causal-lm",
+        "model": {"from": str(model_dir), "block_size": 32},
+        "rounds": 2,
+        "inner_steps": 8,
+        "batch_size": 8,
+        "lr": 1e-2,
+        "eval_batches": 2,
+    }
+    return TrainingSpec.model_validate({**base, **fields})
+
+
+def test_a_model_directory_is_sized_on_the_meta_device_with_its_lora(model_dir):
+    full = describe(model_dir, spec_for(model_dir))
+    lora = describe(model_dir, spec_for(model_dir, lora=LORA))
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    assert full.parameters == full.trainable == sum(p.numel() for p in model.parameters())
+    assert (full.layers, full.hidden) == (2, 32)
+    # q_proj and v_proj of 2 layers, each A (4 x 32) and B (32 x 4)
+    assert lora.trainable == 2 * 2 * (4 * 32 + 32 * 4)
+
+
+def test_bad_model_directories_are_one_line_naming_what_is_wrong(model_dir, tmp_path):
+    def broken(*drop: str, **write: str) -> Path:
+        root = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(model_dir, root)
+        for name in drop:
+            (root / name).unlink()
+        for name, text in write.items():
+            (root / name.replace("_", ".")).write_text(text)
+        return root
+
+    cases = [
+        (broken("config.json"), "has no config.json"),
+        (broken("model.safetensors", pytorch_model_bin="x"), "a .bin is a pickle"),
+        (broken(config_json=json.dumps({"model_type": "nosuchmodel"})), "nosuchmodel"),
+        (broken(config_json=json.dumps({"model_type": "vit"})), "cannot build"),
+    ]
+    for root, expected in cases:
+        with pytest.raises(BadRequest, match=expected) as caught:
+            describe(root, spec_for(root))
+        assert "\n" not in caught.value.message
+    bad_target = spec_for(model_dir, lora={**LORA, "target_modules": ["q_proj", "qkv"]})
+    with pytest.raises(BadRequest, match="qkv matches no module of the model; its modules: down_proj"):
+        describe(model_dir, bad_target)
+
+
+def test_lora_exchanges_and_checkpoints_only_the_adapters(model_dir):
+    spec = spec_for(model_dir, lora=LORA)
+    recipe = get_recipe("hf-causal-lm").from_directory(model_dir)
+    replica = GlobalReplica(build_model(spec, recipe), spec)
+    assert replica.parameters() and all(".lora_" in n for n in replica.parameters())
+    checkpoint = replica.to_bytes()
+    assert len(checkpoint) < (model_dir / "model.safetensors").stat().st_size / 10
+    with torch.no_grad():
+        for p in replica.parameters().values():
+            p.add_(0.5)
+    other = GlobalReplica(build_model(spec, recipe), spec)
+    other.load(replica.to_bytes())
+    assert other.state_hash() == replica.state_hash()
+    full = GlobalReplica(build_model(spec_for(model_dir), recipe), spec_for(model_dir))
+    assert full.parameters().keys() == dict(full.model.named_parameters()).keys()
+
+
+def test_micro_batches_add_up_to_the_batch_and_fp16_on_a_cpu_falls_back_to_fp32(model_dir):
+    spec = spec_for(model_dir)
+    recipe = get_recipe("hf-causal-lm").from_directory(model_dir)
+    corpus = (model_dir / "tokenizer.json").read_bytes() * 4
+    batch = recipe.build_data(corpus, spec, 0, 1).sample(torch.Generator().manual_seed(0))
+    grads = []
+    for micro in (None, 2):
+        model = build_model(spec, recipe)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        loss = step(recipe, model, model, optimizer, batch, inner=InnerStep("cpu", None, micro))
+        grads.append((loss, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-4, atol=1e-6)
+    assert InnerStep.for_spec(spec_for(model_dir, precision="fp16"), torch.device("cpu")).label == "fp32"
+
+
+def test_an_audit_re_runs_a_bf16_lora_segment_bit_for_bit_in_its_hardware_class(model_dir, corpus):
+    spec = spec_for(model_dir, lora=LORA, precision="bf16", micro_batch_size=4, rounds=1)
+    recipe = get_recipe("hf-causal-lm").from_directory(model_dir)
+    data = [recipe.build_data(corpus, spec, i, 2) for i in range(2)]
+    config = TaskConfig(job_id="j", task_id="w0", role="worker", worker_index=0, num_workers=2, training=spec)
+    replica = Replica(config, recipe, data[0])
+    start = replica.global_params()
+    blob, result = replica.seal(replica.train_round(start, 0, lambda: False))
+    assert result.commitment.device == f"cpu/{torch.get_num_threads()}t/bf16"
+    contribution = Contribution(
+        task_id="w0",
+        node_id="n0",
+        delta=sha256(blob),
+        tokens=result.steps * 256,
+        steps=result.steps,
+        train_loss=result.train_loss,
+        commitment=result.commitment,
+        audit_segment=5,
+    )
+    verifier = Verifier(spec, recipe, data.__getitem__, 2)
+    (judged,) = verifier.screen(
+        0, start, replica.global_.state_hash(), [(contribution, replica.decode(blob))]
+    )
+    finding = verifier.audit(0, judged, result.audit_state(5))
+    assert not finding.guilty, finding.reason
+    assert "bit for bit" in finding.reason
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_a_lora_checkpoint_exports_as_a_directory_transformers_loads(model_dir, tmp_path, merge):
+    import peft
+
+    spec = spec_for(model_dir, lora=LORA, gradient_checkpointing=True)
+    recipe = get_recipe("hf-causal-lm").from_directory(model_dir)
+    replica = GlobalReplica(build_model(spec, recipe), spec)
+    with torch.no_grad():
+        for p in replica.parameters().values():
+            p.normal_(0, 0.2)
+    tuned = replica.model.eval()
+    out = export_hf(replica.to_bytes(), spec, model_dir, tmp_path / "out", merge=merge)
+    assert (out / "tokenizer.json").is_file()
+    assert (out / "adapter_config.json").is_file() != merge
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    if not merge:
+        base = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+        assert isinstance(peft.PeftModel.from_pretrained(base, out), peft.PeftModel)
+    ids = transformers.AutoTokenizer.from_pretrained(out)("alpha beta", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, tuned(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+    assert loaded.generate(ids, max_new_tokens=4, do_sample=False).shape[-1] == ids.shape[-1] + 4
+
+
+def test_export_refuses_what_it_cannot_write(model_dir, tmp_path):
+    spec = spec_for(model_dir)
+    checkpoint = GlobalReplica(build_model(spec, get_recipe("hf-causal-lm").from_directory(model_dir)), spec)
+    with pytest.raises(BadRequest, match="--merge merges LoRA adapters"):
+        export_hf(checkpoint.to_bytes(), spec, model_dir, tmp_path / "out", merge=True)

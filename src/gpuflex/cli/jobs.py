@@ -329,12 +329,14 @@ def fetch(
     if fmt == "safetensors":
         output = output or Path(f"{job.id}.safetensors")
         output.write_bytes(data)
-        what = "model"
+        what, final = "checkpoint", "model"
     else:
         output = output or Path(job.id)
-        what = _export_hf(job, data, output, base, merge)
+        what = final = _export_hf(job, data, output, base, merge)
     if job.state == "completed" and digest == job.checkpoint:
-        console.print(f"final {what} of job {job.id} (round {of_round}) written to {output}", highlight=False)
+        console.print(
+            f"final {final} of job {job.id} (round {of_round}) written to {output}", highlight=False
+        )
         return
     status = (
         f"is still {job.state} (round {job.round}/{job.rounds}): fetch again once it completes"

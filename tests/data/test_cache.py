@@ -63,7 +63,7 @@ def test_a_pinned_blob_is_never_evicted_and_a_cache_full_of_pins_refuses(tmp_pat
         assert cache.get(sha(c)) is None
     cache.put(sha(c), c)  # the pins released: room is made
     assert cache.size() == 20 and cache.get(sha(c))
-    with pytest.raises(Conflict, match="a blob of 21 bytes does not fit a cache of 20"):
+    with pytest.raises(Conflict, match="a blob of at least 21 bytes does not fit a cache of 20"):
         cache.put(sha(blob(3, 21)), blob(3, 21))
 
 

@@ -1,7 +1,8 @@
 """A new user's fine-tune on a real network: JSONL data prepared with the model's tokenizer, a saved model
 directory with LoRA in bf16, submitted with `gpuflex submit` (the directory uploaded in parts under the
-blob limit, the shards each fetched by the workers that train on them), trained by agents on loopback,
-and fetched as a Hugging Face directory that transformers loads and generates with."""
+blob limit, the shards each fetched by the workers that train on them, the model's files kept in each
+node's cache), trained by agents on loopback, and fetched as a Hugging Face directory that transformers
+loads and generates with."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typer.testing import CliRunner
 
 from gpuflex.cli.main import app
 from gpuflex.localnet import LocalNetwork
+from gpuflex.storage.bundles import bundle_directory
 from gpuflex.testing import save_llama, small_job, wait_for, write_corpus
+from gpuflex.train.checkpoint import sha256
 
 from .test_network import FAST_LIVENESS, TERMINAL, _check_money, _start
 
@@ -67,6 +70,12 @@ def test_a_lora_fine_tune_of_a_model_directory_trains_and_fetches_as_a_hugging_f
         weights = (model_dir / "model.safetensors").stat().st_size
         assert len(sent) == 4 and all(kb * 1e3 < weights / 20 for kb in sent), sent  # 2 workers x 2 rounds
         _check_money(client, job_id)
+        bundle, _ = bundle_directory(model_dir, BLOB_LIMIT)
+        model_blobs = {sha256(bundle.to_bytes()), *(f.sha256 for f in bundle.files)}
+        names = {o.node_id: o.name for o in client.offers()}
+        for node in {t.node_id for t in job.tasks}:  # the base model stays on each node for its next jobs
+            cached = {p.name for p in (net.root / "agents" / names[node] / "cache" / "blobs").iterdir()}
+            assert model_blobs <= cached, names[node]
         out = tmp_path / "tuned"
         for merge, directory in ((False, out), (True, tmp_path / "merged")):
             args = ["job", "fetch", job_id, "--format", "hf", "-o", str(directory), *who]

@@ -11,7 +11,8 @@ import pytest
 import torch
 import transformers
 
-from gpuflex.errors import BadRequest
+from gpuflex.data.cache import ShardCache
+from gpuflex.errors import BadRequest, HashMismatch
 from gpuflex.protocol.messages import Contribution, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.testing import save_llama, write_corpus
@@ -19,7 +20,7 @@ from gpuflex.train.checkpoint import sha256
 from gpuflex.train.export import export_hf
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.precision import InnerStep
-from gpuflex.train.pretrained import describe
+from gpuflex.train.pretrained import bundle_model, describe, model_directory
 from gpuflex.train.recipes import build_model, get_recipe
 from gpuflex.train.verifier import Verifier
 from gpuflex.train.worker import Replica, step
@@ -55,6 +56,82 @@ def test_a_model_directory_is_sized_on_the_meta_device_with_its_lora(model_dir):
     assert (full.layers, full.hidden) == (2, 32)
     # q_proj and v_proj of 2 layers, each A (4 x 32) and B (32 x 4)
     assert lora.trainable == 2 * 2 * (4 * 32 + 32 * 4)
+
+
+class Hub:
+    """A model directory's blobs as the coordinator serves them, counting fetches; ``bad`` answers that
+    many fetches with junk."""
+
+    PART_BYTES = 64 * 1024  # the weights (about 210 kB) are several parts
+
+    def __init__(self, model_dir: Path):
+        self.spec, bundle, parts = bundle_model(model_dir, spec_for(model_dir), self.PART_BYTES)
+        self.bundle, self.blobs = bundle, {p.sha256: p.read() for p in parts}
+        self.blobs[sha256(bundle.to_bytes())] = bundle.to_bytes()
+        self.fetched: list[str] = []
+        self.bad = 0
+
+    def fetch(self, digest: str) -> bytes:
+        self.fetched.append(digest)
+        if self.bad:
+            self.bad -= 1
+            return b"junk"
+        return self.blobs[digest]
+
+
+def test_a_nodes_tasks_fetch_a_model_directory_once_through_its_cache(model_dir, tmp_path):
+    hub, cache = Hub(model_dir), ShardCache(tmp_path / "cache", limit_bytes=1 << 20)
+    weights = hub.bundle.file("model.safetensors")
+    assert len(weights.parts) > 1
+    with model_directory(hub.spec, hub.fetch, cache) as first:
+        assert (first / "model.safetensors").resolve() == cache.get(weights.sha256)  # linked, not copied
+        transformers.AutoModelForCausalLM.from_pretrained(first)
+    assert sorted(hub.fetched) == sorted(hub.blobs)  # every blob once
+    assert cache.get(weights.parts[0].sha256) is None  # the whole file is cached by its hash, not its parts
+    hub.fetched.clear()
+    with model_directory(hub.spec, hub.fetch, cache) as second:  # the next task on this node
+        for f in hub.bundle.files:
+            assert (second / f.name).read_bytes() == (model_dir / f.name).read_bytes()
+    assert hub.fetched == []  # nothing fetched
+    assert not first.exists() and cache.get(weights.sha256)  # the task's links go, the cache keeps the files
+
+
+def test_a_spoilt_cached_model_file_is_fetched_again_and_a_twice_corrupted_one_fails_naming_it(
+    model_dir, tmp_path
+):
+    hub, cache = Hub(model_dir), ShardCache(tmp_path / "cache", limit_bytes=1 << 20)
+    weights = hub.bundle.file("model.safetensors")
+    with model_directory(hub.spec, hub.fetch, cache):
+        pass
+    spoilt = cache.get(weights.sha256)
+    spoilt.write_bytes(b"\0" * weights.size)  # another task, or the disk, spoilt it
+    hub.fetched.clear()
+    hub.bad = 1  # and the first fetch of its first part arrives corrupted too
+    with model_directory(hub.spec, hub.fetch, cache) as directory:
+        assert (directory / "model.safetensors").read_bytes() == (
+            model_dir / "model.safetensors"
+        ).read_bytes()
+    assert hub.fetched == [weights.parts[0].sha256] + [p.sha256 for p in weights.parts]
+    cache.drop(weights.sha256)
+    hub.bad = 2
+    with (
+        pytest.raises(
+            HashMismatch, match=f"model file model.safetensors arrived corrupted 2 times .*{weights.sha256}"
+        ),
+        model_directory(hub.spec, hub.fetch, cache),
+    ):
+        pass
+
+
+def test_a_model_file_larger_than_the_cache_is_written_into_the_task_directory(model_dir, tmp_path):
+    hub = Hub(model_dir)
+    weights = hub.bundle.file("model.safetensors")
+    cache = ShardCache(tmp_path / "cache", limit_bytes=weights.size - 1)
+    with model_directory(hub.spec, hub.fetch, cache) as directory:
+        assert not (directory / "model.safetensors").is_symlink()
+        assert (directory / "config.json").is_symlink()
+        transformers.AutoModelForCausalLM.from_pretrained(directory)
+    assert cache.get(weights.sha256) is None
 
 
 def test_bad_model_directories_are_one_line_naming_what_is_wrong(model_dir, tmp_path):

@@ -42,7 +42,7 @@ class AgentConfig:
     emulate_step_s: float = 0.0  # > 0: pad each inner step to this long (one machine posing as many)
     lease_poll_s: float = 30.0  # idle, ask for work this often even unasked; a heartbeat says when to ask
     benchmark_s: float = 1.5
-    cache_gb: float = 20.0  # the shard cache (data_dir/cache) that tasks share: prepared datasets' shards
+    cache_gb: float = 20.0  # the shard cache (data_dir/cache) that tasks share: shards and model files
     limits: Limits = field(default_factory=Limits)
     # TESTING ONLY: every worker task plays this gpuflex.train.adversaries kind (a cheating provider,
     # for `gpuflex demo --cheater` and tests of verification). None: an honest provider.
@@ -70,7 +70,8 @@ class Agent:
         self.work = threading.Event()
         self.work.set()
         # Tasks read and write the cache themselves (Landlock lets them: ``start_task``'s ``shared``): they
-        # fetch only the shards they turn out to need (an auditor's), and check every one's hash on use.
+        # fetch only the shards they turn out to need (an auditor's) and their model's files, and check every
+        # one's hash on use.
         self.cache = ShardCache(config.data_dir / "cache", max(1, int(config.cache_gb * 2**30)))
         hours = config.available_hours
         self.available_until = None if hours is None else time.time() + hours * 3600

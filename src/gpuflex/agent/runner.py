@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     config = TaskConfig.model_validate_json(Path(argv[0]).read_text())
     client = TaskClient(os.environ["GPUFLEX_COORDINATOR_URL"], os.environ["GPUFLEX_TASK_TOKEN"])
     min_step_s = float(os.environ.get("GPUFLEX_TASK_MIN_STEP_S", "0"))
-    cache = None  # the agent's shard cache, shared by its tasks: a prepared dataset's shards go there
+    cache = None  # the agent's shard cache, shared by its tasks: shards and model files go there
     if cache_dir := os.environ.get("GPUFLEX_SHARD_CACHE"):
         cache = ShardCache(Path(cache_dir), int(os.environ["GPUFLEX_SHARD_CACHE_BYTES"]))
     try:

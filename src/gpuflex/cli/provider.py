@@ -72,7 +72,7 @@ def start(
         float,
         typer.Option(
             min=0.001,
-            help="disk for the shard cache (DATA_DIR/cache): prepared datasets' shards, kept by hash",
+            help="disk for the shard cache (DATA_DIR/cache): dataset shards and model files, kept by hash",
         ),
     ] = 20.0,
     emulate_step_s: Annotated[

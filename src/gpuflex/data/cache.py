@@ -1,12 +1,13 @@
-"""A worker's on-disk cache of shards (and other blobs), keyed by sha256 and shared by its jobs.
+"""A worker's on-disk cache of shards and model files, keyed by sha256 and shared by its jobs.
 
-Jobs on one node often train on the same data, so a shard is fetched once per node, not once per
-job. The cache holds at most ``limit_bytes`` of blobs: making room evicts the least recently used
-(``get`` and ``put`` touch a blob), never a pinned one. A job pins each blob it uses before it reads it
-and holds the pin while it runs; pins are shared ``flock`` locks on a file per blob, so they are
-released when the job's process ends however it ends, and an evictor tells a pinned blob by failing
-to take that lock exclusively. Several processes may use one cache: changes happen under an exclusive
-lock on ``root/lock``, and a blob appears by an atomic rename, never half written.
+Jobs on one node often train on the same data, or fine-tune the same base model, so a shard or a model
+file is fetched once per node, not once per job. The cache holds at most ``limit_bytes`` of blobs:
+making room evicts the least recently used (``get`` and ``put`` touch a blob), never a pinned one. A job
+pins each blob it uses before it reads it and holds the pin while it runs; pins are shared ``flock``
+locks on a file per blob, so they are released when the job's process ends however it ends, and an
+evictor tells a pinned blob by failing to take that lock exclusively. Several processes may use one
+cache: changes happen under an exclusive lock on ``root/lock``, and a blob appears by an atomic rename,
+never half written.
 
 Layout: ``root/blobs/<sha256>``, ``root/pins/<sha256>`` (empty lock files), ``root/lock``.
 
@@ -20,14 +21,16 @@ Use::
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from gpuflex.errors import BadRequest, Conflict, HashMismatch
-from gpuflex.storage.blobs import sha256_hex, validate_digest, write_atomic
+from gpuflex.storage.blobs import validate_digest
 
 
 class Pin:
@@ -68,23 +71,39 @@ class ShardCache:
         return path
 
     def put(self, digest: str, data: bytes) -> Path:
-        """Keep ``data`` as blob ``digest``, evicting unpinned blobs to make room; its path.
+        """Keep ``data`` as blob ``digest`` (see ``put_stream``); its path."""
+        return self.put_stream(digest, [data])
 
-        HashMismatch if ``data`` does not hash to ``digest`` (nothing kept); Conflict if it is larger than
-        the limit, or the pinned blobs leave no room for it.
+    def put_stream(self, digest: str, chunks: Iterable[bytes]) -> Path:
+        """Keep the bytes of ``chunks`` as blob ``digest``, evicting unpinned blobs to make room; its path.
+
+        The chunks go to a temporary file beside the blobs (a model file joined from its parts is never
+        whole in memory), hashed as written. HashMismatch if they do not hash to ``digest`` (nothing
+        kept); Conflict if they outgrow the limit, or the pinned blobs leave no room for them.
         """
-        got = sha256_hex(data)
-        if got != validate_digest(digest):
-            raise HashMismatch(f"the bytes fetched for {digest} hash to {got}: not cached")
-        if len(data) > self.limit_bytes:
-            raise Conflict(f"a blob of {len(data)} bytes does not fit a cache of {self.limit_bytes}")
-        path = self._blobs / digest
-        with self._locked():
-            if path.exists():
-                _touch(path)
-                return path
-            self._make_room(len(data))
-            write_atomic(path, data)
+        path = self._blobs / validate_digest(digest)
+        fd, tmp = tempfile.mkstemp(dir=self._blobs, prefix=".tmp-")  # hidden: ``_entries`` skips it
+        try:
+            hashed, size = hashlib.sha256(), 0
+            with os.fdopen(fd, "wb") as f:
+                for chunk in chunks:
+                    size += len(chunk)
+                    if size > self.limit_bytes:
+                        raise Conflict(
+                            f"a blob of at least {size} bytes does not fit a cache of {self.limit_bytes}"
+                        )
+                    hashed.update(chunk)
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            if hashed.hexdigest() != digest:
+                raise HashMismatch(f"the bytes fetched for {digest} hash to {hashed.hexdigest()}: not cached")
+            with self._locked():
+                if not path.exists():
+                    self._make_room(size)
+                    os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
         _touch(path)
         return path
 

@@ -6,28 +6,35 @@ its own and the validation split; an auditor: the audited worker's too), so noth
 shards by hash with a caller's ``fetch`` (the task's transport: this package speaks no HTTP), into a
 node's ``ShardCache`` when it has one, else into memory. Every shard is checked against its sha256,
 from the cache too (another job's task shares the cache, and a disk can rot): bytes that do not match
-are fetched once more, then the task fails with ``HashMismatch`` naming the shard.
+are fetched once more, then the task fails with ``HashMismatch`` naming the shard. ``cached`` is that
+rule for any blob in the cache: a task's model files come through it too (``train.pretrained``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from gpuflex.data.cache import Pin, ShardCache
-from gpuflex.data.manifest import Dtype, Shard, numpy_dtype, open_shard
+from gpuflex.data.manifest import Dtype, Shard, map_shard, numpy_dtype, open_shard
 from gpuflex.errors import HashMismatch
 from gpuflex.storage.blobs import sha256_hex
 
-FETCH_TRIES = 2  # a shard whose bytes do not match is fetched once more before the task gives up
+FETCH_TRIES = 2  # a blob whose bytes do not match is fetched once more before the task gives up
+T = TypeVar("T")
 
 
 class ShardReader(ABC):
-    """Opens shards, each once per process (thread-safe); ``opened`` lists their files in order."""
+    """Opens shards, each once per process (thread-safe); ``opened`` lists their files in order. ``cache``:
+    the node's cache it fetches into, if any (the task's model files go there too)."""
+
+    cache: ShardCache | None = None
 
     def __init__(self) -> None:
         self._open: dict[str, np.ndarray] = {}
@@ -67,29 +74,41 @@ class FetchedShards(ShardReader):
         self._pins: list[Pin] = []  # held until the process ends: its memmaps read the cached files
 
     def _load(self, shard: Shard, dtype: Dtype) -> np.ndarray:
+        what = f"shard {shard.file}"
         if self.cache is None:
-            return np.frombuffer(self._fetch(shard), numpy_dtype(dtype))
+            data = _tries(what, shard.sha256, lambda: _checked(self.fetch(shard.sha256), shard.sha256))
+            return np.frombuffer(data, numpy_dtype(dtype))
         self._pins.append(self.cache.pin(shard.sha256))
-        path = self.cache.get(shard.sha256)
-        if path is not None:
-            try:
-                return open_shard(path, shard, dtype)
-            except HashMismatch:
-                self.cache.drop(shard.sha256)  # damaged on disk: fetch it again
-        return open_shard(self.cache.put(shard.sha256, self._fetch(shard)), shard, dtype)
-
-    def _fetch(self, shard: Shard) -> bytes:
-        got = ""
-        for _ in range(FETCH_TRIES):
-            try:
-                data = self.fetch(shard.sha256)
-            except HashMismatch as err:  # the transport checked it already
-                got = err.message
-                continue
-            if sha256_hex(data) == shard.sha256:
-                return data
-            got = f"they hash to {sha256_hex(data)}"
-        raise HashMismatch(
-            f"shard {shard.file} arrived corrupted {FETCH_TRIES} times "
-            f"(the manifest says {shard.sha256}; {got})"
+        return map_shard(
+            cached(self.cache, shard.sha256, what, lambda: [self.fetch(shard.sha256)]), shard, dtype
         )
+
+
+def cached(cache: ShardCache, digest: str, what: str, chunks: Callable[[], Iterable[bytes]]) -> Path:
+    """Blob ``digest``'s path in ``cache``, which the caller has pinned: the cached copy if it still hashes
+    to ``digest`` (another task shares the cache, and a disk can rot; a spoilt copy is dropped), else the
+    bytes of ``chunks()`` put there, fetched once more if they do not match, then ``HashMismatch`` naming
+    ``what``."""
+    path = cache.get(digest)
+    if path is not None:
+        with path.open("rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() == digest:
+                return path
+        cache.drop(digest)
+    return _tries(what, digest, lambda: cache.put_stream(digest, chunks()))
+
+
+def _checked(data: bytes, digest: str) -> bytes:
+    if sha256_hex(data) != digest:
+        raise HashMismatch(f"they hash to {sha256_hex(data)}")
+    return data
+
+
+def _tries(what: str, digest: str, attempt: Callable[[], T]) -> T:
+    got = ""
+    for _ in range(FETCH_TRIES):
+        try:
+            return attempt()
+        except HashMismatch as err:  # the transport, the cache or ``_checked`` saw it
+            got = err.message
+    raise HashMismatch(f"{what} arrived corrupted {FETCH_TRIES} times (its sha256 should be {digest}; {got})")

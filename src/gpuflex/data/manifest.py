@@ -181,6 +181,11 @@ def open_shard(path: Path, shard: Shard, dtype: Dtype) -> np.memmap:
         raise BadRequest(f"shard {shard.file} is missing ({path})") from None
     if got != shard.sha256:
         raise HashMismatch(f"shard {shard.file} hashes to {got}, the manifest says {shard.sha256}")
+    return map_shard(path, shard, dtype)
+
+
+def map_shard(path: Path, shard: Shard, dtype: Dtype) -> np.memmap:
+    """A shard file whose hash was checked already (``open_shard``, the cache) as a read-only memmap."""
     tokens = np.memmap(path, dtype=numpy_dtype(dtype), mode="r")
     if len(tokens) != shard.tokens:
         raise BadRequest(f"shard {shard.file} holds {len(tokens)} tokens, the manifest says {shard.tokens}")

@@ -19,14 +19,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpuflex.errors import BadRequest
+from gpuflex.errors import BadRequest, HashMismatch
 from gpuflex.storage.blobs import validate_digest
 
 FORMAT = "gpuflex-bundle/1"
@@ -149,19 +149,17 @@ def materialize(bundle: Bundle, fetch: Callable[[str], bytes], dest: Path) -> Pa
         target = dest / entry.name
         if target.is_file() and target.stat().st_size == entry.size and _file_hash(target) == entry.sha256:
             continue
-        _join(entry, fetch, target)
+        write_file(entry, fetch, target)
     return dest
 
 
-def _join(entry: FileEntry, fetch: Callable[[str], bytes], target: Path) -> None:
+def write_file(entry: FileEntry, fetch: Callable[[str], bytes], target: Path) -> None:
+    """Join the file's parts (``file_parts``) into ``target``, whole or not at all, its hash checked."""
     tmp = target.with_name(f".{target.name}.part")
     whole = hashlib.sha256()
     try:
         with tmp.open("wb") as out:
-            for part in entry.parts:
-                data = fetch(validate_digest(part.sha256))
-                if len(data) != part.size or hashlib.sha256(data).hexdigest() != part.sha256:
-                    raise BadRequest(f"a part of {entry.name} arrived corrupted (its sha256 does not match)")
+            for data in file_parts(entry, fetch):
                 whole.update(data)
                 out.write(data)
         if whole.hexdigest() != entry.sha256:
@@ -169,6 +167,16 @@ def _join(entry: FileEntry, fetch: Callable[[str], bytes], target: Path) -> None
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def file_parts(entry: FileEntry, fetch: Callable[[str], bytes]) -> Iterator[bytes]:
+    """A file's parts in order, each fetched by its key when asked for and checked (one in memory at a
+    time); the caller checks the whole file's hash."""
+    for part in entry.parts:
+        data = fetch(validate_digest(part.sha256))
+        if len(data) != part.size or hashlib.sha256(data).hexdigest() != part.sha256:
+            raise HashMismatch(f"a part of {entry.name} arrived corrupted (its sha256 does not match)")
+        yield data
 
 
 def _file_hash(path: Path) -> str:

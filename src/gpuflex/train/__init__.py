@@ -21,7 +21,7 @@ Map of the files (data flows down this list):
 - ``checkpoint``   tensors <-> safetensors bytes (never pickle: blobs come from untrusted nodes)
 - ``trainable``    the parameters a job trains, exchanges, commits to and checkpoints (LoRA: the adapters)
 - ``precision``    an inner step's numerics: autocast dtype, fp16's loss scale, micro-batches
-- ``pretrained``   a job's model directory: checked and sized for submit, written out from blobs in a task
+- ``pretrained``   a job's model directory: checked and sized at submit, linked from the node cache in a task
 - ``export``       a checkpoint as a Hugging Face directory (full, LoRA adapter, or merged)
 - ``recipes/``     what a job trains: char-gpt, hf-causal-lm, mlp-digits, or a user's recipe file
 - ``model``        CharGPT, a nanoGPT-style byte-level decoder

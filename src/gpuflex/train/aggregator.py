@@ -130,7 +130,7 @@ def run_aggregator(
         return fetch_verified(transport, digest)
 
     reader = reader or FetchedShards(transport.get_blob)
-    with model_directory(config.training, fetch) as model_dir:
+    with model_directory(config.training, transport.get_blob, reader.cache) as model_dir:
         recipe, data = for_task(config, fetch, reader, model_dir)
         verifier = None
         if config.training.verification.robust:

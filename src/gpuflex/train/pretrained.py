@@ -5,22 +5,33 @@ The CLI uploads the directory as a ``storage.bundles.Bundle`` (every file, large
 the manifest's hash in ``model.uploaded``, and what the market sizes the job by in ``model.size``
 (``describe``: counted on the meta device, so no weight is read). A task writes the files into a
 temporary directory of its own (``model_directory``, under the sandbox's work dir) and the recipe loads
-it with ``from_pretrained``; each task fetches them once, and the directory goes when the task ends (a
-provider-wide cache of model files by hash, like the shard cache, is not built yet).
+it with ``from_pretrained``. On an agent the files come through the node's shard cache, keyed by hash
+and linked into that directory, so a node fetches a base model once for all its jobs and tasks; the
+directory goes when the task ends, the cached files stay.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
 
-from gpuflex.errors import BadRequest
+from gpuflex.data.cache import ShardCache
+from gpuflex.data.fetch import cached
+from gpuflex.errors import BadRequest, Conflict
 from gpuflex.protocol.spec import ModelSize, TrainingSpec, UploadedModel
-from gpuflex.storage.bundles import Bundle, Part, bundle_directory, materialize, model_problem
+from gpuflex.storage.bundles import (
+    Bundle,
+    Part,
+    bundle_directory,
+    file_parts,
+    materialize,
+    model_problem,
+    write_file,
+)
 from gpuflex.train.checkpoint import sha256
 from gpuflex.train.recipes.hf_causal_lm import _transformers, with_lora
 from gpuflex.train.trainable import trainable
@@ -102,16 +113,53 @@ def same_model(root: Path, uploaded: UploadedModel) -> bool:
 
 
 @contextmanager
-def model_directory(training: TrainingSpec, fetch: Callable[[str], bytes]) -> Iterator[Path | None]:
-    """The job's model directory, written from its blobs into a temporary directory for as long as the
-    task runs (None for a job without one). ``fetch`` gets a blob by hash."""
+def model_directory(
+    training: TrainingSpec, fetch: Callable[[str], bytes], cache: ShardCache | None = None
+) -> Iterator[Path | None]:
+    """The job's model directory in a temporary directory of the task's for as long as the task runs (None
+    for a job without one). ``fetch`` gets a blob by hash.
+
+    With the node's ``cache`` the manifest and every file are blobs there, keyed by the file's sha256 and
+    pinned while the task runs, and the directory holds symlinks to them: a node fetches a base model once
+    for all its jobs, and nothing is copied. A file larger than the cache, or one the cache has no room
+    for beside the running jobs' pinned blobs, is written into the directory instead, as it is with no
+    cache (``gpuflex train local``: the local hub's blobs)."""
     uploaded = training.model.uploaded
     if uploaded is None:
         yield None
         return
-    bundle = Bundle.from_bytes(fetch(uploaded.manifest))
+    with ExitStack() as pins, tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
+        dest = Path(tmp)
+        if cache is None:
+            yield materialize(_bundle(fetch(uploaded.manifest)), fetch, dest)
+            return
+
+        def through_cache(digest: str, what: str, chunks: Callable[[], Iterable[bytes]]) -> Path:
+            pins.enter_context(cache.pin(digest))
+            return cached(cache, digest, what, chunks)
+
+        manifest = uploaded.manifest
+        bundle = _bundle(
+            through_cache(manifest, "the model's manifest", lambda: [fetch(manifest)]).read_bytes()
+        )
+        for entry in bundle.files:
+            target = dest / entry.name  # a plain file name: the manifest's schema says so
+            if entry.size <= cache.limit_bytes:
+                try:
+                    what = f"model file {entry.name}"
+                    path = through_cache(entry.sha256, what, lambda e=entry: file_parts(e, fetch))
+                except Conflict:  # the running jobs' pinned blobs leave no room for it
+                    pass
+                else:
+                    target.symlink_to(path.absolute())  # the task's cwd is its work dir
+                    continue
+            write_file(entry, fetch, target)
+        yield dest
+
+
+def _bundle(data: bytes) -> Bundle:
+    bundle = Bundle.from_bytes(data)
     problem = model_problem([f.name for f in bundle.files])
     if problem:
         raise BadRequest(f"the job's model directory {problem}")
-    with tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
-        yield materialize(bundle, fetch, Path(tmp))
+    return bundle

@@ -323,7 +323,7 @@ def run_worker(
         return blobs[digest]
 
     reader = reader or FetchedShards(transport.get_blob)
-    with model_directory(config.training, lambda digest: fetch_verified(transport, digest)) as model_dir:
+    with model_directory(config.training, transport.get_blob, reader.cache) as model_dir:
         recipe, data = for_task(config, fetch, reader, model_dir)
         return _work(
             config, transport, recipe, data, blobs, fetch, reader, poll_interval_s, should_stop, after_step

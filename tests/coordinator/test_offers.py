@@ -158,7 +158,9 @@ def test_a_failed_audit_sinks_a_cheap_node_below_a_dearer_honest_one(coordinator
     with coordinator.ctx.tx() as s:
         s.get(Node, _node_id(cheap)).audits_failed = 1
     offers = {o.name: o.reliability for o in alice.offers()}
-    assert offers["cheap"] == pytest.approx(offers["honest"] / 11, rel=0.01)
+    # the audit term is 1/11 of the honest node's; their uptime terms differ by the real seconds between
+    # the two registrations (a loaded machine made that 1.5%), hence the loose tolerance
+    assert offers["cheap"] == pytest.approx(offers["honest"] / 11, rel=0.05)
     spec = JobSpec.model_validate({"name": "t", "resources": {"workers": 1}, "budget": 1.0})
     job = alice.submit(spec, alice.upload(b"corpus " * 2000))
     reap_once(coordinator.ctx)

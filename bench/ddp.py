@@ -1,14 +1,14 @@
 """The benchmark's baseline: DDP, a gloo all-reduce of the gradients after every step, on a simulated link.
 
 W processes (``torch.multiprocessing.spawn``, one torch thread each) train the same seeded model on
-the same shards and batch size as DiLoCo's workers, with the same AdamW and gradient clipping,
-wrapped in ``DistributedDataParallel``. A DDP communication hook (``ThrottledAllReduce`` of
-``gpuflex.train.collective``) does each bucket's all-reduce and models the link there: a ring
-all-reduce of b bytes makes each worker send 2·(W−1)/W·b bytes and receive as many, at the same time
-(the link is full duplex), so the hook counts both and sleeps ``link.delay_s(2·(W−1)/W·b)``: one
-latency per bucket, which is generous to DDP (a real ring pays 2·(W−1) hops). The bytes of DDP's
-initial broadcast of the model are counted as each worker's join, as DiLoCo's workers count the
-checkpoint they join from.
+the same shards and batch size as DiLoCo's workers, with the same inner optimizer
+(``training.inner_optimizer``) and gradient clipping, wrapped in ``DistributedDataParallel``. A DDP
+communication hook (``ThrottledAllReduce`` of ``gpuflex.train.collective``) does each bucket's
+all-reduce and models the link there: a ring all-reduce of b bytes makes each worker send
+2·(W−1)/W·b bytes and receive as many, at the same time (the link is full duplex), so the hook counts
+both and sleeps ``link.delay_s(2·(W−1)/W·b)``: one latency per bucket, which is generous to DDP (a
+real ring pays 2·(W−1) hops). The bytes of DDP's initial broadcast of the model are counted as each
+worker's join, as DiLoCo's workers count the checkpoint they join from.
 
 Rank 0 evaluates on the shared validation batches every ``eval_every`` steps between two barriers;
 that time is taken out of every rank's wall time. Utilization is (wall - time in the hook) / wall.
@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.collective import LinkMeter, ThrottledAllReduce
 from gpuflex.train.data import round_generator
+from gpuflex.train.optimizers import inner_optimizer
 from gpuflex.train.recipes import build_model, evaluate, get_recipe
 from gpuflex.train.schedule import set_lr
 from gpuflex.train.throttle import Link, LinkStats
@@ -85,7 +86,7 @@ def _train(
     ddp = DistributedDataParallel(model)
     meter = LinkMeter(link, LinkStats(bytes_down=join))
     ThrottledAllReduce(workers, meter).register(ddp)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    optimizer = inner_optimizer(model, spec)
     generator = round_generator(spec.seed, rank, 0)
     curve: list[tuple[int, float, float]] = []
     dist.barrier()

@@ -34,10 +34,24 @@ def test_a_tiny_job_prints_the_loss_of_every_round_and_each_workers_traffic(tmp_
     assert "final validation loss" in result.stdout
 
 
+def test_muon_inner_steps_train_a_tiny_job(tmp_path):
+    (tmp_path / "notes.txt").write_text(
+        "".join(f"def f{i}(x):\n    return x * {i % 7}\n" for i in range(900))
+    )
+    result = _gpuflex(
+        *("--workers", "2", "--rounds", "1", "--inner-steps", "3", "--batch-size", "8"),
+        *("--data", str(tmp_path), "--inner-optimizer", "muon"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "1 rounds (int8, muon inner steps)" in result.stdout
+    assert re.findall(r"^round +(\d+) .* (\d+) in", result.stdout, re.MULTILINE) == [("0", "0"), ("1", "2")]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--workers", "0"], "--workers must be between 1 and 256"),
+        (["--inner-optimizer", "sgd"], "inner_optimizer: Input should be 'adamw' or 'muon'"),
         (["--compression", "zip"], "compression.method"),
         (["--data", "/nonexistent/dir"], "is not a directory"),
     ],

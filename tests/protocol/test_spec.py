@@ -66,6 +66,11 @@ def test_min_workers_defaults_to_all_the_workers_and_never_exceeds_them():
         ("name: x\nresources: {workers: 0, min_workers: 1}", "resources.workers"),
         ("name: x\nresources: {core_fallback: maybe}", "resources.core_fallback"),
         ("name: x\ntraining: {compression: zip}", "training.compression"),
+        ("name: x\ntraining: {inner_optimizer: sgd}", "training.inner_optimizer: Input should be 'adamw' or"),
+        (
+            "name: x\ntraining: {inner_optimizer: muon, recipe: hf-causal-lm, lora: {r: 4}}",
+            "training: Value error, inner_optimizer 'muon' trains whole weight matrices; LoRA's adapters",
+        ),
         ("name: x\nbudget: -1", "budget"),
         ("name: x\ntraining: {model: {n_embd: 30, n_head: 4}}", "training.model"),
         ("name: 'bad name!'", "name"),

@@ -12,13 +12,14 @@ from gpuflex.train.drill import LATE, Drill
 from .helpers import tiny_spec
 
 
-def _spec(rounds: int = 2):
-    return tiny_spec(
-        rounds=rounds,
-        inner_steps=4,
-        compression={"method": "topk", "density": 0.1, "values": "int8"},
-        verification={"trace_every": 1, "audit_rate": 1.0},
-    )
+def _spec(rounds: int = 2, trace_every: int = 1, **overrides):
+    fields = {
+        "rounds": rounds,
+        "inner_steps": 4,
+        "compression": {"method": "topk", "density": 0.1, "values": "int8"},
+        "verification": {"trace_every": trace_every, "audit_rate": 1.0},
+    }
+    return tiny_spec(**{**fields, **overrides})
 
 
 def _last_segment(worker, commitment):
@@ -51,16 +52,21 @@ def test_alie_passes_every_screen_and_only_the_audit_of_its_binding_convicts_it(
     assert judged[4].verdict.check == "audit" and judged[4].verdict.evidence["binding"] == "delta"
 
 
-def test_a_shirker_of_one_segment_passes_every_screen_and_only_an_audit_of_that_segment_sees_it(corpus):
-    """The limit of spot checks: an audit catches it with the chance its segment is drawn."""
-    spec = _spec(1).model_copy(update={"inner_steps": 8})
-    spec = spec.model_copy(update={"verification": spec.verification.model_copy(update={"trace_every": 2})})
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_shirker_of_one_segment_passes_every_screen_and_only_an_audit_of_that_segment_sees_it(
+    corpus, optimizer
+):
+    """The limit of spot checks: an audit catches it with the chance its segment is drawn. With either
+    inner optimizer, every honest worker's drawn segment re-runs bit for bit."""
+    spec = _spec(1, trace_every=2, inner_steps=8, inner_optimizer=optimizer)
     findings = {}
     for segment in range(4):
         drill = Drill(spec, corpus, [None, None, None, None, "skip-segment"])
         judged, results = drill.round(0, lambda worker, c, segment=segment: segment)
         assert not any(j.guilty for j in judged[:4])
         assert results[4].steps == 8  # it claims every step
+        traced = results[0].segments[0].end
+        assert any(k.startswith("momentum_buffer.") for k in traced) == (optimizer == "muon")
         findings[segment] = judged[4].verdict
     caught = [s for s, v in findings.items() if v.guilty]
     assert len(caught) == 1, findings

@@ -13,11 +13,12 @@ from gpuflex.train.drill import Drill
 from .helpers import tiny_spec
 
 
-@pytest.fixture(scope="module")
-def honest(corpus):
-    """A worker's round 1 of 2, trained honestly (a round in: the AdamW moments are no longer zero).
-    Warm-up peaks at progress 0.6, inside round 1 (0.5 to 1.0)."""
+@pytest.fixture(scope="module", params=["adamw", "muon"])
+def honest(corpus, request):
+    """A worker's round 1 of 2, trained honestly with each inner optimizer (a round in: its moments are
+    no longer zero). Warm-up peaks at progress 0.6, inside round 1 (0.5 to 1.0)."""
     spec = tiny_spec(
+        inner_optimizer=request.param,
         rounds=2,
         inner_steps=4,
         warmup=0.6,
@@ -141,3 +142,26 @@ def test_the_residual_left_must_be_the_committed_one_and_what_compression_left(h
         commitment=result.commitment.model_copy(update={"residual_out": residual_hash({})}),
     )
     assert finding.guilty and finding.evidence["binding"] == "residual_out"
+
+
+def test_an_audit_state_may_hold_only_the_state_its_parameters_optimizer_keeps(honest):
+    """AdamW's moments for a matrix Muon steps (or Muon's momentum for one AdamW steps) are refused."""
+    drill, j, result = honest
+    state = AuditState.from_bytes(result.audit_state(1))
+    start = state.segments[0].start
+    hidden = "transformer.h.0.mlp.c_fc.weight"
+    kept, foreign = (
+        ("exp_avg", "momentum_buffer")
+        if drill.spec.inner_optimizer == "adamw"
+        else ("momentum_buffer", "exp_avg")
+    )
+    assert f"{kept}.{hidden}" in start
+    moved = {**start, f"{foreign}.{hidden}": start[f"{kept}.{hidden}"]}
+    blob = dataclasses.replace(
+        state, segments=(dataclasses.replace(state.segments[0], start=moved),)
+    ).to_bytes()
+    trace = [params_hash(moved)[:TRACE_HEX], *result.commitment.trace[1:]]
+    finding = _audit(
+        drill, j, result, 1, blob=blob, commitment=result.commitment.model_copy(update={"trace": trace})
+    )
+    assert finding.guilty and f"unexpected tensor '{foreign}.{hidden}'" in finding.reason, finding

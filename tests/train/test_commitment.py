@@ -7,7 +7,16 @@ from hypothesis import strategies as st
 
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import TaskConfig
-from gpuflex.train.commitment import AuditState, Segment, params_hash, residual_hash, trace_every
+from gpuflex.train.commitment import (
+    TRACE_HEX,
+    AuditState,
+    Segment,
+    params_hash,
+    residual_hash,
+    trace_every,
+    trace_hash,
+    training_state,
+)
 from gpuflex.train.recipes import build_model, get_recipe
 from gpuflex.train.worker import Replica
 
@@ -43,6 +52,24 @@ def test_an_honest_rerun_reproduces_the_trace_bit_for_bit(corpus, label, every):
     assert first.commitment.start == params_hash(start)
     other = _replica(spec, corpus, index=1).train_round(start, label, lambda: False)
     assert other.commitment.data != first.commitment.data and other.commitment.seed != first.commitment.seed
+
+
+def test_with_muon_the_trace_covers_the_hidden_matrices_momentum_and_the_others_adamw_moments(corpus):
+    spec = tiny_spec(inner_steps=2, inner_optimizer="muon")
+    replica = _replica(spec, corpus)
+    start = {n: p.detach().clone() for n, p in replica.model.named_parameters()}
+    first = replica.train_round(start, 0, lambda: False)
+    state = training_state(replica.model, replica.optimizer)
+    momentum = {k.removeprefix("momentum_buffer.") for k in state if k.startswith("momentum_buffer.")}
+    assert momentum == {
+        f"transformer.h.0.{m}.weight" for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }
+    assert not any(f"exp_avg.{name}" in state for name in momentum)
+    assert "exp_avg.transformer.wte.weight" in state and "exp_avg_sq.transformer.h.0.ln_1.bias" in state
+    assert params_hash(state)[:TRACE_HEX] == first.commitment.trace[-1]
+    name = next(iter(momentum))
+    replica.optimizer.state[dict(replica.model.named_parameters())[name]]["momentum_buffer"][0, 0] += 1e-3
+    assert trace_hash(replica.model, replica.optimizer) != first.commitment.trace[-1]
 
 
 def test_a_commitment_of_32_segments_fits_in_a_kilobyte(corpus):

@@ -41,10 +41,17 @@ def test_time_budgets_and_several_ranks_do_not_combine_yet():
         parse_job_spec({"name": "x", "training": {"local_devices": 2, "round_seconds": 5}})
 
 
-def test_a_replica_over_two_ranks_commits_and_its_audits_re_run_both_ranks(corpus):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_replica_over_two_ranks_commits_and_its_audits_re_run_both_ranks(corpus, optimizer):
     """Rank 0 commits for the replica; an audit re-runs a segment on the mean gradient of both ranks'
-    batches (within the cross-class tolerance: an all-reduce's sums are not one process's)."""
-    spec = tiny_spec(rounds=2, local_devices=2, verification={"audit_rate": 1.0, "trace_every": 4})
+    batches (within the cross-class tolerance: an all-reduce's sums are not one process's). Each rank
+    builds the same inner optimizer."""
+    spec = tiny_spec(
+        rounds=2,
+        local_devices=2,
+        inner_optimizer=optimizer,
+        verification={"audit_rate": 1.0, "trace_every": 4},
+    )
     transport = LocalTransport(2, live_workers=1, audit_rate=1.0)
     with ThreadedJob(transport, spec, transport.put_blob(corpus), num_workers=1) as job:
         worker = job.start("worker", 0)
@@ -53,4 +60,6 @@ def test_a_replica_over_two_ranks_commits_and_its_audits_re_run_both_ranks(corpu
     audits = [v for v in transport.verdicts() if v.check == "audit"]
     assert len(audits) == 2 and not any(v.guilty for v in transport.verdicts()), transport.verdicts()
     assert all("within tolerance" in v.reason for v in audits)
-    assert all(v.evidence["distance"] < 1e-5 for v in audits)  # far inside the 1e-3 tolerance
+    # far inside the 1e-3 tolerance: AdamW's about 1e-8; Muon's about 4e-5, since it orthogonalises in
+    # bf16, whose rounding turns the all-reduce's last-bit differences into larger ones
+    assert all(v.evidence["distance"] < 1e-4 for v in audits)

@@ -4,10 +4,11 @@ import importlib.util
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from gpuflex.protocol.messages import ContributionReceipt, ContributionSubmit
-from gpuflex.train import DiLoCo, LocalTransport
+from gpuflex.train import DiLoCo, LocalTransport, inner_optimizer
 
 from .helpers import Publisher, tiny_spec
 
@@ -31,15 +32,19 @@ class _Recording(LocalTransport):
         return super().submit_contribution(c)
 
 
-def test_it_joins_at_the_global_weights_and_exchanges_every_inner_steps():
-    spec = tiny_spec(rounds=2, inner_steps=3)
+@pytest.mark.parametrize("optimizer", ["sgd", "muon"])
+def test_it_joins_at_the_global_weights_and_exchanges_every_inner_steps(optimizer):
+    spec = tiny_spec(rounds=2, inner_steps=3, inner_optimizer="muon" if optimizer == "muon" else "adamw")
     transport = _Recording(2, live_workers=1)
     transport.submitted = []
     publisher = Publisher(transport, spec)
     model = type(publisher.replica.model)(spec.model)  # same architecture, different weights
+    inner = (
+        torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd" else inner_optimizer(model, spec)
+    )
     opt = DiLoCo(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
+        inner,
         transport=transport,
         spec=spec,
         poll_interval_s=0.001,
@@ -65,3 +70,7 @@ def test_it_joins_at_the_global_weights_and_exchanges_every_inner_steps():
     thread.join()
     assert steps == 6 and [c.round for c in transport.submitted] == [0, 1]
     assert all(c.steps == 3 and c.train_loss == 1.5 for c in transport.submitted)
+    if optimizer == "muon":  # the hidden matrices stepped with Muon, the rest with AdamW
+        kept = {n: set(inner.state[p]) for n, p in model.named_parameters()}
+        assert kept["transformer.h.0.mlp.c_fc.weight"] == {"momentum_buffer"}
+        assert kept["transformer.wte.weight"] == {"step", "exp_avg", "exp_avg_sq"}

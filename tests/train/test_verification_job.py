@@ -68,8 +68,9 @@ def test_a_guilty_verdict_discards_the_contribution_and_excludes_the_task():
     assert verdict.node_id == "node-w0" and verdict.guilty
 
 
-def test_a_cheater_is_caught_reported_and_excluded_while_the_honest_finish(corpus):
-    spec = tiny_spec(rounds=3, inner_steps=4, verification={"trace_every": 1})
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_cheater_is_caught_reported_and_excluded_while_the_honest_finish(corpus, optimizer):
+    spec = tiny_spec(rounds=3, inner_steps=4, inner_optimizer=optimizer, verification={"trace_every": 1})
     transport = LocalTransport(spec.rounds, live_workers=4, audit_rate=1.0)
     with ThreadedJob(transport, spec, transport.put_blob(corpus), num_workers=4) as job:
         honest = [job.start("worker", i) for i in range(3)]

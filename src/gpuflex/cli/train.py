@@ -1,6 +1,7 @@
 """``gpuflex train local``: the training runtime on its own, a job's replicas as processes on this machine.
 
     gpuflex train local --recipe char-gpt --workers 4 --inner-steps 50 --compression int8
+    gpuflex train local --inner-optimizer muon --compression int2      # MuLoCo: Muon inside DiLoCo
     gpuflex train local --compression topk --density 0.02 --outer-momentum 0 --error-decay 0.95 \\
         --overlap --bandwidth-mbit 100 --latency-ms 50 --slow-worker 3 --round-seconds 5
     gpuflex train local --prepared ./prepared --workers 2      # what `gpuflex data prepare` wrote
@@ -61,9 +62,10 @@ def local(
     recipe_file: Annotated[Path | None, typer.Option(help="with --recipe user: the recipe's file")] = None,
     workers: Annotated[int, typer.Option(help="worker processes (replicas)")] = 4,
     rounds: Annotated[int, typer.Option(help="outer rounds")] = SPEC.rounds,
-    inner_steps: Annotated[
-        int, typer.Option(help="inner AdamW steps per round (DiLoCo's H)")
-    ] = SPEC.inner_steps,
+    inner_steps: Annotated[int, typer.Option(help="inner steps per round (DiLoCo's H)")] = SPEC.inner_steps,
+    inner_optimizer: Annotated[
+        str, typer.Option(help="adamw | muon (Muon for the hidden weight matrices, AdamW for the rest)")
+    ] = SPEC.inner_optimizer,
     compression: Annotated[
         str, typer.Option(help="none | fp16 | bf16 | int8 | int4 | int2 | topk")
     ] = SPEC.compression.method,
@@ -74,7 +76,7 @@ def local(
     error_decay: Annotated[
         float, typer.Option(help="error feedback's decay (1: keep all)")
     ] = SPEC.compression.error_decay,
-    lr: Annotated[float, typer.Option(help="inner AdamW learning rate (the peak)")] = SPEC.lr,
+    lr: Annotated[float, typer.Option(help="inner learning rate (the peak)")] = SPEC.lr,
     lr_schedule: Annotated[
         str, typer.Option(help="the inner lr over the job: cosine | constant")
     ] = SPEC.lr_schedule,
@@ -121,6 +123,7 @@ def local(
         "recipe_file": str(recipe_file) if recipe_file else None,
         "rounds": rounds,
         "inner_steps": inner_steps,
+        "inner_optimizer": inner_optimizer,
         "compression": _compression(compression, density, values, error_decay),
         "lr": lr,
         "lr_schedule": lr_schedule,
@@ -212,6 +215,8 @@ def _run(
         label += f", LoRA r={spec.lora.r}"
     if spec.precision != "fp32":
         label += f", {spec.precision}"
+    if spec.inner_optimizer != "adamw":
+        label += f", {spec.inner_optimizer} inner steps"
     what = spec.recipe if spec.model.from_ is None else f"{spec.recipe} from {spec.model.from_}"
     console.print(f"training {what} on {len(options)} worker processes, {spec.rounds} rounds ({label})")
     try:

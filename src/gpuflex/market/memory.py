@@ -1,9 +1,10 @@
 """GPU memory a worker of a job needs: the market's estimate when ``resources.min_vram_gb`` is not set.
 
 Rough, and meant to err high: a worker holds its model twice (the copy it trains and its replica of the
-global model, both fp32), and for the parameters it trains their gradients, AdamW's two moments, the
-outer momentum and the error-feedback residual (fp32 each), plus a copy of parameters and moments at each
-trace segment boundary (``commitment.Tracer``: 9 by default); then activations, about 34 bytes per token
+global model, both fp32), and for the parameters it trains their gradients, AdamW's two moments (Muon
+keeps one for the matrices it steps, so there it errs higher), the outer momentum and the
+error-feedback residual (fp32 each), plus a copy of parameters and moments at each trace segment
+boundary (``commitment.Tracer``: 9 by default); then activations, about 34 bytes per token
 per layer per unit of width in 16-bit autocast (Korthikanti et al. 2022, with attention's quadratic term
 left out as fused kernels do), twice that in fp32, and 2 bytes per token per layer per unit of width with
 gradient checkpointing (only the layers' inputs are kept); the whole batch's at once unless

@@ -6,6 +6,7 @@ Every model is strict (``extra="forbid"``) so a typo is an error that names the 
     resources: {workers: 3, min_workers: 3, min_vram_gb: null, min_tflops: 0, accelerators: [], region: null,
                 min_core_workers: 0, core_fallback: true}
     training: {recipe: char-gpt, rounds: 8, inner_steps: 30, compression: int8, batch_size: 32, lr: 0.003,
+               inner_optimizer: adamw,
                precision: fp32, micro_batch_size: null, gradient_checkpointing: false, lora: null}
     data: {source: stdlib}   # or {prepared: ./prepared}: a directory `gpuflex data prepare` wrote
     max_price_per_hour: 0.50
@@ -209,6 +210,11 @@ class TrainingSpec(_Strict):
     inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 30
     compression: CompressionSpec = Field(default_factory=CompressionSpec)
     batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
+    inner_optimizer: Literal["adamw", "muon"] = Field(
+        "adamw",
+        description="'muon': Muon for the hidden layers' weight matrices, AdamW for embeddings, head, norms "
+        "and biases, at the same lr (train/optimizers.py)",
+    )
     lr: Annotated[float, Field(gt=0, le=1)] = 3e-3
     lr_schedule: Literal["constant", "cosine"] = Field(
         "cosine", description="the inner lr over the job: 'cosine' warms up, then decays to a tenth"
@@ -253,6 +259,10 @@ class TrainingSpec(_Strict):
     def _consistent(self) -> TrainingSpec:
         if (self.recipe == "user") != (self.recipe_file is not None):
             raise ValueError("recipe 'user' needs recipe_file, and recipe_file needs recipe 'user'")
+        if self.inner_optimizer == "muon" and self.lora is not None:
+            raise ValueError(
+                "inner_optimizer 'muon' trains whole weight matrices; LoRA's adapters train with 'adamw'"
+            )
         if self.verification.peer_segments and (self.overlap or not self.verification.robust):
             raise ValueError(
                 "verification.peer_segments needs robust verification and synchronous rounds (no overlap): "

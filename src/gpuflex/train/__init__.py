@@ -4,7 +4,8 @@ Map of the files (data flows down this list):
 
 - ``local``        a job's tasks as local processes, without the marketplace (``gpuflex train local``)
 - ``task``         the entry point the agent's subprocess calls: dispatches on the task's role
-- ``worker``       a DiLoCo worker: inner AdamW steps, a compressed pseudo-gradient up, the update down
+- ``worker``       a DiLoCo worker: inner steps, a compressed pseudo-gradient up, the update down
+- ``optimizers``   the inner optimizer: AdamW, or Muon for the hidden weight matrices and AdamW for the rest
 - ``diloco``       ``DiLoCo``: the same, wrapped around a training loop of your own
 - ``aggregator``   waits for a quorum, verifies, averages (robustly), compresses the update, outer step
 - ``verifier``     judges a round's contributions: commitment checks, screening, audits of drawn ones
@@ -34,6 +35,7 @@ This ``__init__`` imports nothing eagerly, so ``import gpuflex.train.corpus`` st
 
 _LAZY = {
     "DiLoCo": "gpuflex.train.diloco",
+    "inner_optimizer": "gpuflex.train.optimizers",
     "LocalTransport": "gpuflex.train.transport",
     "Transport": "gpuflex.train.transport",
     "aggregate": "gpuflex.train.aggregator",

@@ -4,7 +4,7 @@ The auditor (the aggregator, on a trusted core node) gets the state at the start
 and at its end, the final state and the residual (``commitment.AuditState``) and checks, cheapest first:
 
 1. the start state hashes to the commitment: ``trace[seg - 1]``, or ``start`` for segment 0 (its
-   parameters; the AdamW moments a round starts from are the worker's own business);
+   parameters; the optimizer state a round starts from is the worker's own business);
 2. the batches the worker's seed draws over the whole round (the caller draws them) hash to ``data``
    (no training: a worker that trained on other batches and claims these is caught by step 4);
 3. the learning rates are the schedule's (with ``round_seconds`` they depend on the worker's clock,
@@ -58,11 +58,12 @@ from gpuflex.train.commitment import (
     training_state,
 )
 from gpuflex.train.compression import get_compressor, with_residual
+from gpuflex.train.optimizers import InnerOptimizer, inner_optimizer
 from gpuflex.train.precision import InnerStep
 from gpuflex.train.recipes import Batch, Recipe, build_model
 from gpuflex.train.schedule import lr_factor, lr_range
 from gpuflex.train.trainable import trainable
-from gpuflex.train.worker import inner_optimizer, step
+from gpuflex.train.worker import step
 
 TOLERANCE = 1e-3  # across hardware classes: relative L2 distance of the re-run end state to the uploaded one
 LR_RTOL = 1e-9  # learning rates are recomputed from the same formula: equal up to float formatting
@@ -221,7 +222,7 @@ def rerun(
     lrs: list[list[float]],
     batches: list[Batch],
     ranks: list[list[Batch]],
-) -> Iterator[torch.optim.Optimizer]:
+) -> Iterator[InnerOptimizer]:
     """Re-run segment after segment (``lrs``: each one's steps) from the training state ``start``, after
     ``step_`` steps of the round: yields the optimizer after each (``model`` moves in place)."""
     optimizer = _restore(spec, model, start)
@@ -320,13 +321,14 @@ def _learning_rates(
     return claimed, None
 
 
-def _restore(spec: TrainingSpec, model: torch.nn.Module, state: Params) -> torch.optim.Optimizer:
-    """Load ``state`` into ``model`` and a fresh inner optimizer; every parameter must be in it."""
+def _restore(spec: TrainingSpec, model: torch.nn.Module, state: Params) -> InnerOptimizer:
+    """Load ``state`` into ``model`` and a fresh inner optimizer; every parameter must be in it, and only
+    the state the optimizer keeps for it (``optimizers.STATE_KEYS``)."""
     optimizer = inner_optimizer(model, spec)
     named = trainable(model)
     for key, tensor in state.items():
         kind, _, name = key.partition(".")
-        if name not in named or kind not in ("p", "exp_avg", "exp_avg_sq", "step"):
+        if name not in named or kind not in ("p", *optimizer.state_keys(named[name])):
             raise BadRequest(f"unexpected tensor {key!r}")
         p = named[name]
         if kind == "p":

@@ -2,9 +2,10 @@
 
 A worker commits to where it started (``start``: the hash of the round's parameters, the same hash as
 ``GlobalReplica.state_hash``), to the batches it drew in order (``data``), to its generator's seed and
-hardware class, and to a *trace*: a 64-bit hash of its whole training state (parameters and AdamW
-moments) after every ``every`` inner steps and after the last one. An auditor handed the state at the
-start of one segment re-runs ``every`` steps and must land on the next trace hash (``audit.py``).
+hardware class, and to a *trace*: a 64-bit hash of its whole training state (parameters and the inner
+optimizer's state: AdamW's moments, Muon's momentum) after every ``every`` inner steps and after the
+last one. An auditor handed the state at the start of one segment re-runs ``every`` steps and must
+land on the next trace hash (``audit.py``).
 
 Re-runs reproduce bit for bit on the same hardware class because training here is deterministic:
 the batches come from a generator seeded by (job seed, worker, round) (``data.round_seed``), dropout is
@@ -22,7 +23,7 @@ left is the one compression left; so a residual cannot be forged to bind a poiso
 
 While it trains, the ``Tracer`` keeps a snapshot of the state at each segment boundary, so the worker
 answers an audit draw with a blob (``AuditState``) and no re-computation. That costs memory (one
-copy of parameters and moments per segment) rather than compute; a large model would replay from the
+copy of parameters and optimizer state per segment) rather than compute; a large model would replay from the
 round's start instead.
 """
 
@@ -43,6 +44,7 @@ from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import MAX_TRACE, Commitment
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.checkpoint import load_tensors, save_tensors
+from gpuflex.train.optimizers import InnerOptimizer
 from gpuflex.train.trainable import trainable
 
 TRACE_HEX = 16  # trace hashes are sha256 truncated to 64 bits: a forgery still needs 2^64 tries
@@ -77,19 +79,20 @@ def params_hash(params: Params) -> str:
     return digest.hexdigest()
 
 
-def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Params:
-    """Trainable parameters and their AdamW moments under one flat naming: what a trace hash covers."""
+def training_state(model: nn.Module, optimizer: InnerOptimizer) -> Params:
+    """Trainable parameters and their optimizer state (AdamW's moments, Muon's momentum) under one flat
+    naming, ``<kind>.<parameter>``: what a trace hash covers."""
     state: Params = {}
     for name, p in trainable(model).items():
         state[f"p.{name}"] = p.detach()
-        moments = optimizer.state.get(p, {})
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            if key in moments:
-                state[f"{key}.{name}"] = moments[key].detach()
+        kept = optimizer.state.get(p, {})
+        for key in optimizer.state_keys(p):
+            if key in kept:
+                state[f"{key}.{name}"] = kept[key].detach()
     return state
 
 
-def trace_hash(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+def trace_hash(model: nn.Module, optimizer: InnerOptimizer) -> str:
     return params_hash(training_state(model, optimizer))[:TRACE_HEX]
 
 
@@ -252,9 +255,7 @@ class Tracer:
         self.steps = 0
         self.seconds = time.perf_counter() - began
 
-    def before_step(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Tensor, ...]
-    ) -> None:
+    def before_step(self, model: nn.Module, optimizer: InnerOptimizer, batch: tuple[Tensor, ...]) -> None:
         began = time.perf_counter()
         if self.steps == 0:
             self.states.append(_copy(training_state(model, optimizer)))
@@ -264,21 +265,19 @@ class Tracer:
         self.lrs[-1].append(optimizer.param_groups[0]["lr"])
         self.seconds += time.perf_counter() - began
 
-    def after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def after_step(self, model: nn.Module, optimizer: InnerOptimizer) -> None:
         self.steps += 1
         if self.steps % self.every == 0:
             self._boundary(model, optimizer)
 
-    def _boundary(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def _boundary(self, model: nn.Module, optimizer: InnerOptimizer) -> None:
         """Copy the state once: the copy is the segment's end, the next one's start, and what is hashed."""
         began = time.perf_counter()
         self.states.append(_copy(training_state(model, optimizer)))
         self.trace.append(params_hash(self.states[-1])[:TRACE_HEX])
         self.seconds += time.perf_counter() - began
 
-    def commit(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer
-    ) -> tuple[Commitment, tuple[Segment, ...]]:
+    def commit(self, model: nn.Module, optimizer: InnerOptimizer) -> tuple[Commitment, tuple[Segment, ...]]:
         """The commitment once training stopped (the last, partial segment hashed too), and the segments."""
         if self.steps % self.every:
             self._boundary(model, optimizer)

@@ -10,6 +10,11 @@ It joins the job at the newest published round (the model's weights become the g
 every ``inner_steps`` steps sends its compressed pseudo-gradient, waits for the round's aggregated
 update, applies it to its global replica and continues from the new global weights.
 
+The inner optimizer is any of yours. For the job's own (``training.inner_optimizer``; Muon for the
+hidden weight matrices and AdamW for the rest, at one lr, as MuLoCo does), pass
+``gpuflex.train.inner_optimizer(model, spec)``; set its lr yourself in your loop, as with any optimizer
+(``param_groups`` spans both parts).
+
 ``transport`` is a ``Transport`` (the relay: an aggregator, ``gpuflex.train.aggregator.aggregate`` or
 a job's aggregator task, averages the round) or a ``CollectiveTransport`` (a trusted
 ``torch.distributed`` group whose ranks average among themselves). ``examples/own_training_loop.py``
@@ -27,6 +32,7 @@ from gpuflex.protocol.messages import ContributionSubmit
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.collective import CollectiveTransport
 from gpuflex.train.compression import ErrorFeedback, get_compressor
+from gpuflex.train.optimizers import InnerOptimizer
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.sync import sync
 from gpuflex.train.trainable import trainable
@@ -68,7 +74,7 @@ class DiLoCo:
     def __init__(
         self,
         model: nn.Module,
-        inner_optimizer: torch.optim.Optimizer,
+        inner_optimizer: torch.optim.Optimizer | InnerOptimizer,
         *,
         transport: Transport | CollectiveTransport,
         spec: TrainingSpec,

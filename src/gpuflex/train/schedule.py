@@ -9,10 +9,12 @@ makes the replicas' last rounds agree, so the average loses little.
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from gpuflex.protocol.spec import TrainingSpec
+
+if TYPE_CHECKING:
+    from gpuflex.train.optimizers import InnerOptimizer
 
 FLOOR = 0.1  # the cosine ends at this share of the peak lr
 
@@ -45,7 +47,7 @@ def lr_share(spec: TrainingSpec, round: int, steps: int) -> float:
     return sum(factors[: max(steps, 0)]) / sum(factors)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, spec: TrainingSpec, progress: float) -> None:
+def set_lr(optimizer: InnerOptimizer, spec: TrainingSpec, progress: float) -> None:
     """Put every parameter group of ``optimizer`` at the schedule's lr for ``progress``."""
     factor = lr_factor(spec, progress)
     for group in optimizer.param_groups:

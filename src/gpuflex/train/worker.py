@@ -1,8 +1,8 @@
-"""A DiLoCo worker: inner AdamW steps on its shard, a compressed pseudo-gradient up, a compressed update down.
+"""A DiLoCo worker: inner steps on its shard, a compressed pseudo-gradient up, a compressed update down.
 
 One round, as the worker sees it (``label`` is the round it contributes to)::
 
-    y = θ_start; repeat H times (or until round_seconds): y = AdamW step on a batch of this shard
+    y = θ_start; repeat H times (or until round_seconds): y = inner step on a batch of this shard
     wait until round ``label`` is published; replica ← θ_label (apply its update, check the hash)
     Δ = θ_start - y;  submit(label, compress(Δ + residual))          # error feedback keeps the rest
     synchronous:  wait for round label + 1, replica ← θ_label+1, θ_start = θ_label+1
@@ -11,7 +11,8 @@ One round, as the worker sees it (``label`` is the round it contributes to)::
 
 The worker holds a replica of the global model and outer optimizer (``GlobalReplica``), so per
 round it receives only the aggregated compressed update; the whole state is fetched only to join
-or to resync. The AdamW state lives across rounds, as in DiLoCo.
+or to resync. The inner optimizer's state (``optimizers.py``: AdamW's moments, Muon's momentum) lives
+across rounds, as in DiLoCo; a replacement task starts it afresh.
 
 Each contribution carries a ``Commitment`` (``commitment.py``): inner steps run in deterministic mode
 and are traced, and the commitment names the error-feedback residual the delta is compressed with and
@@ -37,7 +38,6 @@ from torch import Tensor
 from gpuflex.data.fetch import FetchedShards, ShardReader
 from gpuflex.errors import Conflict
 from gpuflex.protocol.messages import AuditStateSubmit, Commitment, ContributionSubmit, RoundState, TaskConfig
-from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.commitment import (
     AuditState,
     Segment,
@@ -50,6 +50,7 @@ from gpuflex.train.commitment import (
 from gpuflex.train.compression import ErrorFeedback, get_compressor
 from gpuflex.train.data import round_seed
 from gpuflex.train.device_group import DeviceGroup
+from gpuflex.train.optimizers import InnerOptimizer, inner_optimizer
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.precision import InnerStep
 from gpuflex.train.pretrained import model_directory
@@ -263,21 +264,16 @@ class Replica:
         return budget is not None and steps > 0 and time.monotonic() - began >= budget
 
 
-def inner_optimizer(model: torch.nn.Module, spec: TrainingSpec) -> torch.optim.Optimizer:
-    """The inner AdamW of a worker (and of an auditor's re-run), over the trainable parameters."""
-    return torch.optim.AdamW(trainable(model).values(), lr=spec.lr, weight_decay=spec.weight_decay)
-
-
 def step(
     recipe: Recipe,
     trained: torch.nn.Module,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: InnerOptimizer,
     batch,
     *ranks,
     inner: InnerStep = InnerStep(),
 ) -> float:
-    """One inner AdamW step on ``batch`` (the worker's, and an auditor's re-run of it); returns its loss.
+    """One inner step on ``batch`` (the worker's, and an auditor's re-run of it); returns its loss.
 
     ``inner``: the step's precision and micro-batches (``precision.py``). ``ranks``: the other ranks'
     batches of a replica over several devices, in an auditor's re-run: the step takes the mean of all the

@@ -7,6 +7,7 @@ from gpuflex.errors import BadRequest
 from gpuflex.testing import small_job, write_corpus
 from gpuflex.train import adversaries
 from gpuflex.train.audit import Claim, audit
+from gpuflex.train.corpus import build_corpus
 from gpuflex.train.drill import LATE, Drill
 
 from .helpers import tiny_spec
@@ -116,6 +117,25 @@ def test_honest_workers_of_a_small_fast_job_are_never_convicted(tmp_path):
     corpus = b"".join(p.read_bytes() for p in sorted((tmp_path / "data").iterdir()))
     spec = small_job(tmp_path / "data", workers=4, rounds=30, inner_steps=8, batch_size=8).training
     drill = Drill(spec, corpus, [None, None, None, LATE])
+    for r in range(spec.rounds):
+        judged, _ = drill.round(r, lambda worker, c: None)
+        assert not any(j.guilty for j in judged), (r, [j.verdict for j in judged if j.guilty])
+
+
+def test_honest_workers_of_an_overlapped_int2_job_are_never_convicted():
+    """An overlapped worker begins each round from the previous model less its own last delta: judged from
+    the round's model instead, its honest delta overshot, and this job convicted worker 1 in rounds 9-11
+    (``bench/diloco_vs_ddp.py``'s int2-overlap job, 3 of its 4 workers)."""
+    spec = tiny_spec(
+        rounds=12,
+        inner_steps=30,
+        batch_size=16,
+        overlap=True,
+        compression={"method": "int2"},
+        outer_lr=1.5,
+        outer_momentum=0.0,
+    )
+    drill = Drill(spec, build_corpus("stdlib", 300_000, [".py"]), [None] * 4)
     for r in range(spec.rounds):
         judged, _ = drill.round(r, lambda worker, c: None)
         assert not any(j.guilty for j in judged), (r, [j.verdict for j in judged if j.guilty])

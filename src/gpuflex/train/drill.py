@@ -54,8 +54,16 @@ class Drill:
         self.global_.round = 0
         self.verifier = Verifier(self.spec, self.recipe, self.data.__getitem__, n)
         self.last: dict[int, Commitment | None] = {}  # worker -> its last contribution's commitment
+        self.own: dict[int, dict] = {}  # worker -> its last delta, with ``overlap`` where its round begins
+        self.before: dict = {}  # the previous round's model
         self.peer_model = build_model(self.spec, self.recipe)  # what peers re-run in
         self.peer_s = 0.0  # peers' re-runs, with peer audits
+
+    def _start(self, worker: int, start: dict) -> dict:
+        """Where an honest worker begins: the round's model ``start``, or with ``overlap`` the previous
+        round's less its own delta there (``worker.py``: it trains on before that round is averaged)."""
+        own = self.own.get(worker) if self.spec.overlap else None
+        return start if own is None else {n: p - own[n] for n, p in self.before.items()}
 
     def restart(self, worker: int) -> None:
         """Worker ``worker``'s task goes to a replacement node: fresh optimizer moments and residual."""
@@ -68,7 +76,7 @@ class Drill:
         for i, kind in enumerate(self.kinds):
             if i not in self.players:
                 steps = self.spec.inner_steps // 2 if kind == LATE else None
-                results[i] = self.replicas[i].train_round(start, r, lambda: False, steps=steps)
+                results[i] = self.replicas[i].train_round(self._start(i, start), r, lambda: False, steps=steps)
         peers = tuple(res.delta for res in results.values())
         for i, player in self.players.items():
             results[i] = player.play(Situation(self.replicas[i], start, r, lambda: False, peers=peers))
@@ -89,7 +97,9 @@ class Drill:
                 carried_chain=last.chain if last else None,
             )
             self.last[i] = res.commitment
+            self.own[i] = res.delta
             arrived.append((c, self.replicas[i].decode(blob)))
+        self.before = start
         if not self.spec.verification.robust:  # as the aggregator: no checks, the token-weighted mean
             self.global_.apply(weighted_mean([(c.tokens, d) for c, d in arrived]))
             return [Judged(c, d) for c, d in arrived], results

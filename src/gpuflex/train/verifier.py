@@ -16,8 +16,14 @@ Checks, cheapest first; the first that fails convicts (``check="screen"``):
    ``bench/verification.py``'s jobs). Such a ``fresh`` delta's cosine says nothing (an honest joiner's
    measured −0.014); the loss test below judges it in full instead, so claiming an empty residual
    escapes no check.
-3. loss gain: the delta applied to the round's model must lower the loss on the worker's own assigned
-   batches. Each is first tried on the last batch it drew (two forward passes); one that shows no gain
+3. loss gain: the delta applied where the worker began must lower the loss on its own assigned
+   batches. That is the round's model, or with ``overlap`` the previous round's model less the worker's
+   own previous delta (its one-round-delayed start, ``worker.py``; the previous round's blob stands in
+   for the exact delta it kept): judged from the round's model instead, an overlapped honest delta
+   overshoots by what the average moved, and ``bench/diloco_vs_ddp.py``'s int2-overlap job convicted 3
+   of its 4 honest workers (a job whose workers are all convicted waits for a round nobody will
+   contribute to). Where the verifier did not see the worker's previous delta (a stale one, a joiner,
+   a resumed aggregator), the round's model stands in. Each is first tried on the last batch it drew (two forward passes); one that shows no gain
    there, or is ``fresh``, is judged on up to ``CONFIRM_BATCHES`` of its batches, along the delta and
    against it: the difference is its first-order descent, the sum its curvature cost. It is convicted
    if its descent is under ``DESCENT_MIN`` × that cost. Honest deltas do not always lower the loss:
@@ -71,6 +77,15 @@ OTHER_SALT = 0x5EED  # seeds the "other batches of the shard" apart from every a
 Checked = tuple[AuditState, list[list[float]]]  # an audit state that passed the checks, each segment's lrs
 
 
+@dataclass(frozen=True)
+class Previous:
+    """An overlapped job's last screened round: its model and each worker's delta (``Verifier._origin``)."""
+
+    round: int
+    params: Delta
+    deltas: dict[int, Delta]
+
+
 @dataclass
 class Judged:
     contribution: Contribution
@@ -101,6 +116,7 @@ class Verifier:
         self.scratch = build_model(spec, recipe)
         self.compute_s = 0.0
         self.audit_s = 0.0
+        self.previous: Previous | None = None  # with ``overlap``: the last round screened, for ``_origin``
 
     def screen(
         self, round: int, params: Delta, state_hash: str, arrived: list[tuple[Contribution, Delta]]
@@ -123,8 +139,19 @@ class Verifier:
                 self._convict(j, round, found[0], found[1])
         young = {id(j) for j, is_fresh in zip(alive, fresh(chains), strict=True) if is_fresh}
         self._loss_gain(round, params, [j for j in judged if not j.guilty], young)
+        if self.spec.overlap:
+            deltas = {j.worker: j.delta for j in judged if j.worker is not None}
+            self.previous = Previous(round, {n: p.clone() for n, p in params.items()}, deltas)
         self.compute_s += time.perf_counter() - began
         return judged
+
+    def _origin(self, round: int, params: Delta, j: Judged) -> Delta:
+        """Where ``j``'s worker began the round (check 3)."""
+        last = self.previous
+        if not self.spec.overlap or last is None or last.round != round - 1 or j.worker not in last.deltas:
+            return params
+        own = last.deltas[j.worker]
+        return {n: p - own[n] for n, p in last.params.items()}
 
     def audit(self, round: int, j: Judged, blob: bytes | None) -> VerdictSubmit:
         """The finding of a drawn contribution's audit; no state is a no-show."""
@@ -212,11 +239,12 @@ class Verifier:
         """``young``: ids of the ``fresh`` deltas the cosine screen passed over, judged on every
         confirming batch."""
         for j in alive:
-            if id(j) not in young and self._gain(params, j.delta, j.batches[-1:]) > 0:
+            origin = self._origin(round, params, j)
+            if id(j) not in young and self._gain(origin, j.delta, j.batches[-1:]) > 0:
                 continue
             # a suspicion: along the delta and against it, on the batches it claims
             batches = spread(j.batches, CONFIRM_BATCHES)
-            base, along, against = self._losses(params, j.delta, batches, (0.0, 1.0, -1.0))
+            base, along, against = self._losses(origin, j.delta, batches, (0.0, 1.0, -1.0))
             descent = (against - along) / 2  # first order: how much the delta points downhill
             curvature = (along + against) / 2 - base  # second order: what its length costs
             if descent <= DESCENT_MIN * max(curvature, 0.0):
@@ -242,7 +270,8 @@ class Verifier:
         worker = j.worker or 0
         generator = torch.Generator().manual_seed(round_seed(self.spec.seed, worker, round) ^ OTHER_SALT)
         others = [self.data_for(worker).sample(generator) for _ in range(MARGIN_BATCHES)]
-        return self._gain(params, j.delta, j.batches[-MARGIN_BATCHES:]) - self._gain(params, j.delta, others)
+        origin = self._origin(round, params, j)
+        return self._gain(origin, j.delta, j.batches[-MARGIN_BATCHES:]) - self._gain(origin, j.delta, others)
 
     def _gain(self, params: Delta, delta: Delta, batches: list[Batch]) -> float:
         """Mean loss on ``batches`` at ``params`` minus at ``params − delta``."""

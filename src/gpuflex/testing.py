@@ -1,5 +1,6 @@
-"""Tools the tests use to run real parts: the coordinator served on loopback, a clock to move, a small
-job to train, and the check of every invariant straight from the database after a fault.
+"""Tools the tests use to run real parts: the coordinator served on loopback, a node registered with
+it, a clock to move, a small job to train, and the check of every invariant straight from the database
+after a fault.
 
 They ship with the library (as torchft's and hivemind's fault injectors do) so any test suite of
 GPUFlex, or of a project built on it, can stand up a real network without mocking it.
@@ -24,6 +25,8 @@ from fastapi import FastAPI
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
+from gpuflex.auth.signing import NodeKey
+from gpuflex.client.node import NodeClient
 from gpuflex.coordinator.db import (
     AccountBalance,
     Contribution,
@@ -40,6 +43,7 @@ from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.ledger import accounts
 from gpuflex.ledger.journal import balances, verify_chain
 from gpuflex.localnet import free_port
+from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 
 T = TypeVar("T")
@@ -98,6 +102,44 @@ def wait_for(condition: Callable[[], T], timeout_s: float, what: str, *, every_s
             return value
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def register_node(
+    url: str,
+    name: str,
+    *,
+    core_token: str | None = None,
+    price: float = 0.1,
+    tflops: float = 1.0,
+    region: str = "local",
+    gpu: m.GpuInfo | None = None,
+    available_hours: float | None = None,
+    key: NodeKey | None = None,
+) -> NodeClient:
+    """A node registered with the coordinator at ``url`` (core with ``core_token``), as its signed client:
+    what an agent does before it asks for work, without the agent's benchmark."""
+    client = NodeClient(url, key or NodeKey.generate())
+    hardware = m.HardwareProfile(
+        cpu_model="test cpu",
+        cpu_cores=2,
+        ram_gb=4,
+        device="cuda" if gpu else "cpu",
+        gpus=[gpu] if gpu else [],
+    )
+    client.register(
+        m.NodeRegister(
+            name=name,
+            public_key=client.key.public_key_hex,
+            kind="core" if core_token else "community",
+            core_token=core_token,
+            price_per_hour=price,
+            hardware=hardware,
+            benchmark=m.BenchmarkResult(tflops_fp32=tflops, mem_bandwidth_gbps=10),
+            region=region,
+            available_hours=available_hours,
+        )
+    )
+    return client
 
 
 def write_corpus(directory: Path, *, files: int = 4, lines: int = 400) -> None:

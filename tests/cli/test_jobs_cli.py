@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client, NodeClient, TaskClient
 from gpuflex.coordinator.app import create_app, reap_once
 from gpuflex.coordinator.context import CoordinatorContext
@@ -32,7 +31,7 @@ from gpuflex.ledger.export import from_export
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage import LocalBlobStore
-from gpuflex.testing import Clock, serve, small_job, write_corpus
+from gpuflex.testing import Clock, register_node, serve, small_job, write_corpus
 
 CORE_TOKEN = "core-secret"
 PRICE = 36.0  # credits per hour: 0.01 a second, so a budget of 0.001 runs out within a second
@@ -66,20 +65,7 @@ class Net:
 
 
 def _node(url: str, name: str, *, core: bool = False) -> NodeClient:
-    key = NodeKey.generate()
-    client = NodeClient(url, key)
-    client.register(
-        m.NodeRegister(
-            name=name,
-            public_key=key.public_key_hex,
-            kind="core" if core else "community",
-            core_token=CORE_TOKEN if core else None,
-            price_per_hour=PRICE,
-            hardware=m.HardwareProfile(cpu_model="test cpu", cpu_cores=2, ram_gb=4),
-            benchmark=m.BenchmarkResult(tflops_fp32=1.0, mem_bandwidth_gbps=10),
-        )
-    )
-    return client
+    return register_node(url, name, core_token=CORE_TOKEN if core else None, price=PRICE)
 
 
 @pytest.fixture(scope="module")

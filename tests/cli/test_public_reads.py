@@ -21,7 +21,7 @@ from gpuflex.coordinator.app import create_app
 from gpuflex.coordinator.migrate import upgrade
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.protocol import messages as m
-from gpuflex.testing import serve
+from gpuflex.testing import register_node, serve
 
 CORE_TOKEN = "core-secret"
 EXAMPLE = files("gpuflex.examples") / "char-gpt.yaml"
@@ -36,28 +36,16 @@ class Network:
 
 
 def _node(url: str, name: str, *, core: bool = False, gpu: m.GpuInfo | None = None) -> NodeClient:
-    client = NodeClient(url, NodeKey.generate())
-    hardware = m.HardwareProfile(
-        cpu_model="test cpu",
-        cpu_cores=2,
-        ram_gb=4,
-        device="cuda" if gpu else "cpu",
-        gpus=[gpu] if gpu else [],
+    return register_node(
+        url,
+        name,
+        core_token=CORE_TOKEN if core else None,
+        price=0.4 if core else 0.2,
+        tflops=82.6 if gpu else 1.5,
+        region="eu",
+        gpu=gpu,
+        available_hours=None if core else 48,
     )
-    client.register(
-        m.NodeRegister(
-            name=name,
-            public_key=client.key.public_key_hex,
-            kind="core" if core else "community",
-            core_token=CORE_TOKEN if core else None,
-            price_per_hour=0.4 if core else 0.2,
-            hardware=hardware,
-            benchmark=m.BenchmarkResult(tflops_fp32=82.6 if gpu else 1.5, mem_bandwidth_gbps=10),
-            region="eu",
-            available_hours=None if core else 48,
-        )
-    )
-    return client
 
 
 @pytest.fixture(scope="module")

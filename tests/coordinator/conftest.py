@@ -21,7 +21,7 @@ from gpuflex.coordinator.migrate import upgrade
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.protocol import messages as m
 from gpuflex.storage import LocalBlobStore
-from gpuflex.testing import Clock, serve
+from gpuflex.testing import Clock, register_node, serve
 
 CORE_TOKEN = "core-secret"
 
@@ -52,29 +52,17 @@ class Harness:
         available_hours: float | None = None,
         key: NodeKey | None = None,
     ) -> NodeClient:
-        key = key or NodeKey.generate()
-        client = NodeClient(self.url, key)
-        hardware = m.HardwareProfile(
-            cpu_model="test cpu",
-            cpu_cores=2,
-            ram_gb=4,
-            device="cuda" if gpu else "cpu",
-            gpus=[gpu] if gpu else [],
+        return register_node(
+            self.url,
+            name,
+            core_token=CORE_TOKEN if core else None,
+            price=price,
+            tflops=tflops,
+            region=region,
+            gpu=gpu,
+            available_hours=available_hours,
+            key=key,
         )
-        client.register(
-            m.NodeRegister(
-                name=name,
-                public_key=key.public_key_hex,
-                kind="core" if core else "community",
-                core_token=CORE_TOKEN if core else None,
-                price_per_hour=price,
-                hardware=hardware,
-                benchmark=m.BenchmarkResult(tflops_fp32=tflops, mem_bandwidth_gbps=10),
-                region=region,
-                available_hours=available_hours,
-            )
-        )
-        return client
 
     def task(self, grant: m.LeaseGrant) -> TaskClient:
         return TaskClient(self.url, grant.task_token, retry_for_s=0)

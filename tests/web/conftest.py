@@ -13,7 +13,6 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client, NodeClient, TaskClient
 from gpuflex.coordinator.app import create_app
 from gpuflex.coordinator.context import CoordinatorContext
@@ -23,7 +22,7 @@ from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage import LocalBlobStore
-from gpuflex.testing import Clock, serve
+from gpuflex.testing import Clock, register_node, serve
 
 from .helpers import model_blob
 
@@ -49,20 +48,7 @@ class Web:
         return client, token
 
     def node(self, name: str, *, price: float = 0.1, core: bool = False) -> NodeClient:
-        key = NodeKey.generate()
-        client = NodeClient(self.url, key)
-        client.register(
-            m.NodeRegister(
-                name=name,
-                public_key=key.public_key_hex,
-                kind="core" if core else "community",
-                core_token=CORE_TOKEN if core else None,
-                price_per_hour=price,
-                hardware=m.HardwareProfile(cpu_model="test cpu", cpu_cores=2, ram_gb=4),
-                benchmark=m.BenchmarkResult(tflops_fp32=1.5, mem_bandwidth_gbps=12),
-            )
-        )
-        return client
+        return register_node(self.url, name, core_token=CORE_TOKEN if core else None, price=price, tflops=1.5)
 
     def task(self, grant: m.LeaseGrant) -> TaskClient:
         return TaskClient(self.url, grant.task_token, retry_for_s=0)

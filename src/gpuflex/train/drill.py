@@ -76,7 +76,9 @@ class Drill:
         for i, kind in enumerate(self.kinds):
             if i not in self.players:
                 steps = self.spec.inner_steps // 2 if kind == LATE else None
-                results[i] = self.replicas[i].train_round(self._start(i, start), r, lambda: False, steps=steps)
+                results[i] = self.replicas[i].train_round(
+                    self._start(i, start), r, lambda: False, steps=steps
+                )
         peers = tuple(res.delta for res in results.values())
         for i, player in self.players.items():
             results[i] = player.play(Situation(self.replicas[i], start, r, lambda: False, peers=peers))

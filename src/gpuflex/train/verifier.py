@@ -16,22 +16,23 @@ Checks, cheapest first; the first that fails convicts (``check="screen"``):
    ``bench/verification.py``'s jobs). Such a ``fresh`` delta's cosine says nothing (an honest joiner's
    measured −0.014); the loss test below judges it in full instead, so claiming an empty residual
    escapes no check.
-3. loss gain: the delta applied where the worker began must lower the loss on its own assigned
-   batches. That is the round's model, or with ``overlap`` the previous round's model less the worker's
-   own previous delta (its one-round-delayed start, ``worker.py``; the previous round's blob stands in
-   for the exact delta it kept): judged from the round's model instead, an overlapped honest delta
+3. loss gain: the delta applied where the worker began must lower the loss on its own assigned batches.
+   That is the round's model, or with ``overlap`` the previous round's model less the worker's own
+   previous delta (its one-round-delayed start, ``worker.py``; the previous round's blob stands in for
+   the exact delta it kept): judged from the round's model instead, an overlapped honest delta
    overshoots by what the average moved, and ``bench/diloco_vs_ddp.py``'s int2-overlap job convicted 3
    of its 4 honest workers (a job whose workers are all convicted waits for a round nobody will
-   contribute to). Where the verifier did not see the worker's previous delta (a stale one, a joiner,
-   a resumed aggregator), the round's model stands in. Each is first tried on the last batch it drew (two forward passes); one that shows no gain
-   there, or is ``fresh``, is judged on up to ``CONFIRM_BATCHES`` of its batches, along the delta and
-   against it: the difference is its first-order descent, the sum its curvature cost. It is convicted
-   if its descent is under ``DESCENT_MIN`` × that cost. Honest deltas do not always lower the loss:
-   past a small model's plateau, or with a large learning rate, training can overshoot ("gain <= 0 on
-   the last batch" convicted 5 of 120 honest contributions in 60 rounds of the integration tests' job;
-   "gain <= 0 on all of them", 1 of 120 in ``bench/verification.py``'s plateau job), but an
-   overshooting delta still points downhill (descent near the cost or above). Noise points nowhere
-   (descent near 0), a flipped delta uphill; both cost as much as an honest delta of their length.
+   contribute to). Where the verifier did not see the worker's previous delta (a stale one, a joiner, a
+   resumed aggregator), the round's model stands in. Each is first tried on the last batch it drew (two
+   forward passes); one that shows no gain there, or is ``fresh``, is judged on up to
+   ``CONFIRM_BATCHES`` of its batches, along the delta and against it: the difference is its first-order
+   descent, the sum its curvature cost. It is convicted if its descent is under ``DESCENT_MIN`` × that
+   cost. Honest deltas do not always lower the loss: past a small model's plateau, or with a large
+   learning rate, training can overshoot ("gain <= 0 on the last batch" convicted 5 of 120 honest
+   contributions in 60 rounds of the integration tests' job; "gain <= 0 on all of them", 1 of 120 in
+   ``bench/verification.py``'s plateau job), but an overshooting delta still points downhill (descent
+   near the cost or above). Noise points nowhere (descent near 0), a flipped delta uphill; both cost as
+   much as an honest delta of their length.
 4. duplicates: contributions claiming one worker's batches: all but the one whose delta fits them best,
    against as many other batches of the shard, are convicted (training fits the batches trained on).
 

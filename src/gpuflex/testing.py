@@ -187,11 +187,13 @@ def save_llama(
     vocab_size: int = 320,
     context: int = 128,
     seed: int = 0,
+    init_std: float = 0.02,
 ) -> Path:
     """A llama-shaped model with a BPE tokenizer trained on ``documents``, saved as a Hugging Face model
     directory (``save_pretrained``: config.json, model.safetensors, tokenizer files): what a user brings
     to ``training.model.from``. Seeded; nothing downloaded. The vocabulary holds at least the 256 byte ids
-    today's byte-level job data trains on."""
+    today's byte-level job data trains on. A larger ``init_std`` than transformers' 0.02 gives an untrained
+    model peaked distributions and layers that matter to its hidden states, as a trained one has."""
     import torch
     import transformers
 
@@ -211,6 +213,7 @@ def save_llama(
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         pad_token_id=None,
+        initializer_range=init_std,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

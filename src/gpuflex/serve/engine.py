@@ -1,0 +1,265 @@
+"""The engine a provider's server task runs: requests in, streamed tokens and fingerprinted completions out.
+
+Dynamic batching, in rounds: a background thread takes the requests waiting (up to ``max_batch``),
+left-pads them into one batch, prefills it and decodes it with a KV cache until every request in it has
+ended (a finished request's row leaves the batch and its cache); requests that arrive meanwhile wait for
+the next round. transformers' continuous batching (``generate_batch``, paged attention) was not used:
+it samples through its own logits processors and returns no hidden states, and this engine needs both
+per-position seeded draws (``sampling``) and the last layer's hidden states (``fingerprint``).
+
+Each request's tokens stream as ``Event``s as they are drawn; it ends on an EOS token or a stop string
+(finish reason ``stop``; the stop string is not in the text) or at ``max_tokens`` (``length``), and its
+``Completion`` carries the tokens, the seed it was sampled with, the token counts to bill, and one
+fingerprint per 32 output tokens. A request may carry ``resume``, the tokens a previous server already
+sent: it continues from there, and since each draw depends only on (seed, position) and the logits, with
+exactly the tokens the uninterrupted run would have given; its fingerprints cover the whole output.
+
+Batching changes no output: rows are left-padded under an attention mask with their own position ids, so
+each row computes what it would alone up to floating-point reassociation (tested: batched and unbatched
+greedy and seeded outputs are equal).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gpuflex.errors import BadRequest
+from gpuflex.serve.detokenize import TextStream
+from gpuflex.serve.fingerprint import Fingerprinter, prove_many
+from gpuflex.serve.model import ServedModel
+from gpuflex.serve.sampling import SamplingParams, choose
+
+PAD = 0  # the id left padding feeds the model; masked out, so any id would do
+
+
+@dataclass(frozen=True)
+class Event:
+    """One drawn token and the text it lets through (possibly ""); the last event has a finish reason."""
+
+    token: int
+    text: str
+    finish_reason: str | None = None  # "stop" (EOS or a stop string) or "length" (max_tokens)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int  # drawn by this server: a resumed request's earlier tokens are not counted
+    resumed_tokens: int  # tokens a previous server sent, prefilled here with the prompt
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt: tuple[int, ...]
+    tokens: tuple[int, ...]  # the whole output: resumed tokens first, then this server's
+    text: str  # the whole output's text, as streamed (without the stop string)
+    finish_reason: str
+    params: SamplingParams  # as sampled, with the seed: what a verifier replays
+    usage: Usage
+    fingerprints: tuple[bytes, ...]  # one per 32 output tokens (``fingerprint``), over the whole output
+
+
+class Request:
+    """A submitted request. Iterate it for its events as they come, or wait for its ``result()``."""
+
+    def __init__(self, model: ServedModel, prompt: list[int], params: SamplingParams, resume: list[int]):
+        self.prompt, self.params, self.resume = prompt, params, resume
+        self.completion: Completion | None = None
+        self._model = model
+        self._events: queue.SimpleQueue[Event | BaseException] = queue.SimpleQueue()
+        self._ended = False
+        self._error: BaseException | None = None
+        self._tokens = list(resume)
+        self._stream = TextStream(model.decode, params.stop)
+        self._stream.feed(resume)
+        if self._stream.stopped:
+            raise BadRequest("resume already holds a stop string: that output has ended")
+        self._fingerprinter = Fingerprinter()
+
+    def __iter__(self) -> Iterator[Event]:
+        return self.events()
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """The events not yet taken; raises what failed the request, or TimeoutError after ``timeout``
+        seconds without one."""
+        while not self._ended:
+            try:
+                item = self._events.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no token in {timeout} s") from None
+            if isinstance(item, BaseException):
+                self._ended, self._error = True, item
+                raise item
+            self._ended = item.finish_reason is not None
+            yield item
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """The completion, once every event has been taken (those left are taken here)."""
+        for _ in self.events(timeout):
+            pass
+        if self.completion is None:
+            assert self._error is not None
+            raise self._error
+        return self.completion
+
+    def _take(self, token: int) -> bool:
+        """Record the drawn token and stream it; True when the request has ended."""
+        self._tokens.append(token)
+        text = self._stream.push(token)
+        if self._stream.stopped or token in self._model.eos:
+            reason = "stop"
+        elif len(self._tokens) == self.params.max_tokens:
+            reason = "length"
+        else:
+            self._events.put(Event(token, text))
+            return False
+        text += self._stream.finish()
+        self.completion = Completion(
+            prompt=tuple(self.prompt),
+            tokens=tuple(self._tokens),
+            text=self._stream.output,
+            finish_reason=reason,
+            params=self.params,
+            usage=Usage(len(self.prompt), len(self._tokens) - len(self.resume), len(self.resume)),
+            fingerprints=self._fingerprinter.finish(),
+        )
+        self._events.put(Event(token, text, reason))
+        return True
+
+    def _fail(self, error: BaseException) -> None:
+        self._events.put(error)
+
+
+class Engine:
+    """Serves one model: ``submit`` from any thread; one background thread batches and decodes."""
+
+    def __init__(self, model: ServedModel, *, max_batch: int = 8):
+        self.model = model
+        self.max_batch = max_batch
+        self._waiting: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="gpuflex-serve-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams, resume: Sequence[int] = ()) -> Request:
+        """Queue a request (prompt ids, from ``ServedModel.encode`` or ``encode_chat``); a ``BadRequest``
+        when it cannot be served. Without a seed, one is drawn (and reported in the completion)."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        prompt, resume = list(prompt), list(resume)
+        vocab = self.model.model.get_input_embeddings().num_embeddings
+        for name, ids in (("prompt", prompt), ("resume", resume)):
+            if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+                raise BadRequest(f"{name} holds a token id outside this model's vocabulary of {vocab}")
+        if not prompt:
+            raise BadRequest("prompt is empty: it must hold at least one token")
+        if len(resume) >= params.max_tokens:
+            raise BadRequest(
+                f"resume holds {len(resume)} tokens, max_tokens {params.max_tokens}: nothing left"
+            )
+        if self.model.eos.intersection(resume):
+            raise BadRequest("resume holds an end-of-sequence token: that output has ended")
+        self.model.check_fits(len(prompt), params.max_tokens)
+        request = Request(self.model, prompt, params.seeded(), resume)
+        self._waiting.put(request)
+        return request
+
+    def close(self) -> None:
+        """Serve what was submitted, then stop the thread."""
+        if not self._closed:
+            self._closed = True
+            self._waiting.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _loop(self) -> None:
+        while (first := self._waiting.get()) is not None:
+            batch, last = [first], first
+            while len(batch) < self.max_batch and not self._waiting.empty():
+                if (last := self._waiting.get()) is None:
+                    break
+                batch.append(last)
+            try:
+                with torch.inference_mode():
+                    _decode(self.model, batch)
+            except Exception as err:  # the batch's requests fail; the engine serves the next ones
+                for request in batch:
+                    if request.completion is None:
+                        request._fail(err)
+            if last is None:
+                return
+
+
+def _decode(served: ServedModel, batch: list[Request]) -> None:
+    """Prefill the batch, then decode it a token per step until each request has ended."""
+    out, cache, mask, position = _prefill(served, batch)
+    while True:
+        logits = out.logits[:, -1].float().cpu()  # one transfer a step; sampling runs on the CPU
+        tokens = [choose(logits[row], r.params, len(r._tokens)) for row, r in enumerate(batch)]
+        ended = [r._take(token) for r, token in zip(batch, tokens, strict=True)]
+        keep = [row for row, done in enumerate(ended) if not done]
+        if not keep:
+            return
+        if len(keep) < len(batch):  # the finished rows leave the batch and the cache
+            index = torch.tensor(keep, device=served.device)
+            cache.batch_select_indices(index)
+            mask, position = mask[index], position[index]
+            batch, tokens = [batch[row] for row in keep], [tokens[row] for row in keep]
+        mask = torch.cat([mask, mask.new_ones(len(batch), 1)], dim=1)
+        position = position + 1
+        out = served.model(
+            input_ids=torch.tensor(tokens, device=served.device)[:, None],
+            attention_mask=mask,
+            position_ids=position,
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
+        for row, request in enumerate(batch):
+            request._fingerprinter.add(out.hidden_states[-1][row, -1])
+        _prove_full(batch)
+
+
+def _prefill(served: ServedModel, batch: list[Request]):
+    """One forward over the batch's prompts (and resumed tokens), left-padded: its output, the KV cache,
+    the attention mask and each row's last position id."""
+    import transformers
+
+    sequences = [r.prompt + r.resume for r in batch]
+    width = max(map(len, sequences))
+    ids = torch.tensor([[PAD] * (width - len(s)) + s for s in sequences], device=served.device)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=served.device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = transformers.DynamicCache(config=served.model.config)
+    out = served.model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+        output_hidden_states=True,
+        logits_to_keep=1,
+    )
+    for row, request in enumerate(batch):
+        # output position j is drawn from the hidden state before it: the resumed ones' and the next one's
+        request._fingerprinter.add(out.hidden_states[-1][row, width - len(request.resume) - 1 :])
+    _prove_full(batch)
+    return out, cache, mask, positions[:, -1:]
+
+
+def _prove_full(batch: list[Request]) -> None:
+    """Prove the chunks the batch's requests have filled, in one ``prove_many``: the rows of a batch fill
+    theirs on the same step, and proving them together costs little more than proving one."""
+    pending = [(r, chunk) for r in batch for chunk in r._fingerprinter.take_full()]
+    for (request, _), proof in zip(pending, prove_many([c for _, c in pending]), strict=True):
+        request._fingerprinter.proofs.append(proof)

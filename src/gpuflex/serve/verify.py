@@ -1,0 +1,128 @@
+"""Whether a provider served what it was asked: one prefill of prompt + output on the verifier's model.
+
+The prefill gives, at each output position, the last layer's hidden state and the logits the provider
+should have computed while decoding. Two checks, and a ``Finding`` like the training verifier's:
+
+- **fingerprints** (``fingerprint.compare``): per 32-token chunk, the share of the verifier's top-k
+  indices whose values the proof reproduces, and on those the exponent mismatches and the mantissa
+  differences. A different model (layers dropped, weights quantized) or a different prompt (a dropped
+  system message) moves the hidden states, so the values (or even the indices) stop agreeing; copied
+  fingerprints belong to other hidden states altogether.
+- **sampling** (``sampling.gap``): each claimed token is replayed with the request's seed and its
+  position's noise; a token the verifier would not have drawn is a mismatch, tolerated only where the
+  two scores are within ``tie`` logits (a near tie that numerical noise may flip) and only on a small
+  share of positions. This catches another temperature and tokens the model did not produce, which a
+  provider can fingerprint honestly by a prefill of its own.
+
+The default ``Thresholds`` hold for a model served in float32 (what a ``save_pretrained`` directory of a
+GPUFlex job holds): honest runs agree to a few bf16 ulps across thread counts, batch sizes and
+padding, where the cheats of ``cheats`` are far off (tests/serve/test_verify.py measures both sides).
+Models served in bf16 need wider thresholds, measured on the GPUs that serve them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from gpuflex.serve.fingerprint import CHUNK, ChunkComparison, compare, proofs_for
+from gpuflex.serve.model import ServedModel
+from gpuflex.serve.sampling import SamplingParams, gap
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    min_common: float = 0.9  # every chunk: at least this share of the verifier's top-k is in the proof
+    max_exponent_mismatch: float = 0.01  # of the shared values, at most this share differ in sign or exponent
+    max_mantissa_mean: float = 0.25  # mean |mantissa difference| (bf16 ulps) over the shared values
+    max_mantissa: int = 8  # and the largest
+    tie: float = 1e-3  # a replayed draw that differs by at most this many logits is a near tie
+    max_tie_share: float = 0.05  # near ties tolerated, as a share of the output's positions
+    nucleus_slack: float = 1e-3  # a claimed token this close (in probability) to the top-p nucleus is inside
+
+
+@dataclass(frozen=True)
+class Finding:
+    ok: bool
+    reason: str
+    numbers: dict[str, float] = field(default_factory=dict)
+
+
+def verify(
+    model: ServedModel,
+    prompt: list[int],
+    tokens: list[int],
+    params: SamplingParams,
+    fingerprints: tuple[bytes, ...] | list[bytes],
+    thresholds: Thresholds = Thresholds(),
+) -> Finding:
+    """Check an output (``tokens``, sampled with ``params`` including its seed) of ``prompt``."""
+    if not tokens:
+        return Finding(False, "the output is empty")
+    if params.seed is None and not params.greedy:
+        return Finding(False, "a sampled output must report its seed")
+    if len(fingerprints) != proofs_for(len(tokens)):
+        return Finding(
+            False,
+            f"{len(tokens)} tokens need {proofs_for(len(tokens))} fingerprints, not {len(fingerprints)}",
+        )
+    if len(prompt) + len(tokens) > model.context:
+        return Finding(False, f"prompt and output overrun the model's context of {model.context} tokens")
+    hidden, logits = model.prefill(list(prompt) + list(tokens))
+    at = slice(len(prompt) - 1, len(prompt) - 1 + len(tokens))  # output position i's hidden state and logits
+    hidden, logits = hidden[at], logits[at]
+    try:
+        chunks = [compare(proof, hidden[c * CHUNK : (c + 1) * CHUNK]) for c, proof in enumerate(fingerprints)]
+    except ValueError as err:
+        return Finding(False, f"a fingerprint is malformed: {err}")
+    numbers = _fingerprint_numbers(chunks) | _sampling_numbers(logits, tokens, params, thresholds)
+    return Finding(*_judge(numbers, thresholds), numbers)
+
+
+def _fingerprint_numbers(chunks: list[ChunkComparison]) -> dict[str, float]:
+    common = sum(c.common for c in chunks)
+    diffs = np.array([d for c in chunks for d in c.mantissa_diffs], dtype=np.float64)
+    return {
+        "common_min": min(c.common / c.k for c in chunks),
+        "exponent_mismatch": sum(c.exponent_mismatches for c in chunks) / common if common else 1.0,
+        "mantissa_mean": float(diffs.mean()) if len(diffs) else float("inf"),
+        "mantissa_max": float(diffs.max()) if len(diffs) else float("inf"),
+    }
+
+
+def _sampling_numbers(
+    logits: torch.Tensor, tokens: list[int], params: SamplingParams, thresholds: Thresholds
+) -> dict[str, float]:
+    gaps = np.array([gap(logits[i], params, i, t, thresholds.nucleus_slack) for i, t in enumerate(tokens)])
+    return {
+        "positions": float(len(tokens)),
+        "mismatches": float((gaps > 0).sum()),
+        "far_mismatches": float((gaps > thresholds.tie).sum()),
+        "gap_max": float(gaps.max()),
+    }
+
+
+def _judge(n: dict[str, float], t: Thresholds) -> tuple[bool, str]:
+    """The first check that fails, in words; or that all passed."""
+    if n["common_min"] < t.min_common:
+        return (
+            False,
+            f"a chunk's fingerprint shares {n['common_min']:.0%} of its top values, under {t.min_common:.0%}",
+        )
+    if n["exponent_mismatch"] > t.max_exponent_mismatch:
+        return False, f"{n['exponent_mismatch']:.1%} of the shared values differ in exponent"
+    if n["mantissa_mean"] > t.max_mantissa_mean or n["mantissa_max"] > t.max_mantissa:
+        return False, (
+            f"the hidden states differ by {n['mantissa_mean']:.2f} bf16 ulps on average, "
+            f"{n['mantissa_max']:.0f} at most (limits {t.max_mantissa_mean}, {t.max_mantissa})"
+        )
+    if n["far_mismatches"]:
+        return False, (
+            f"{n['far_mismatches']:.0f} of {n['positions']:.0f} tokens are not what the seed draws "
+            f"(up to {n['gap_max']:.3g} logits off)"
+        )
+    if n["mismatches"] > t.max_tie_share * n["positions"]:
+        return False, f"{n['mismatches']:.0f} of {n['positions']:.0f} tokens are near ties the other way"
+    return True, "the fingerprints and the sampling agree"

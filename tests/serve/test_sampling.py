@@ -1,0 +1,88 @@
+"""Sampling settings are checked field by field; each draw depends only on (seed, position) and the
+logits, follows the softmax at the temperature within the nucleus, and its gap says how near a miss was."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from gpuflex.errors import BadRequest
+from gpuflex.serve.sampling import SamplingParams, choose, gap, nucleus
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.1),
+        ("temperature", 2.5),
+        ("temperature", math.nan),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("max_tokens", 0),
+        ("max_tokens", 1.5),
+        ("stop", ("",)),
+        ("seed", -1),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_its_field(field, value):
+    with pytest.raises(BadRequest, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_stop_takes_one_string_or_several():
+    assert SamplingParams(stop="\n").stop == ("\n",)
+    assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+
+
+def test_without_a_seed_one_is_drawn_and_kept():
+    drawn = SamplingParams().seeded()
+    assert drawn.seed is not None
+    assert drawn.seeded() is drawn
+    assert SamplingParams(seed=7).seeded().seed == 7
+
+
+def test_greedy_takes_the_argmax():
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    assert {choose(logits, SamplingParams(temperature=0), i) for i in range(20)} == {1}
+
+
+def test_a_draw_depends_on_seed_and_position_only():
+    logits = torch.zeros(50)
+    params = SamplingParams(seed=3)
+    forward = [choose(logits, params, i) for i in range(40)]
+    backward = [choose(logits, params, i) for i in reversed(range(40))][::-1]
+    assert forward == backward  # no state carried from one draw to the next: a resumed run draws the same
+    assert len(set(forward)) > 10  # positions draw independently
+    assert forward != [choose(logits, SamplingParams(seed=4), i) for i in range(40)]
+
+
+def test_draws_follow_the_softmax_at_the_temperature():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    params = SamplingParams(temperature=0.5, seed=1)
+    n = 3000
+    counts = Counter(choose(logits, params, i) for i in range(n))
+    expected = torch.softmax(logits / 0.5, dim=0)
+    for token in range(4):
+        assert abs(counts[token] / n - float(expected[token])) < 0.03
+
+
+def test_top_p_draws_only_from_the_nucleus():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    params = SamplingParams(top_p=0.7, seed=2)
+    assert nucleus(logits, params).tolist() == [True, True, False, False]
+    assert {choose(logits, params, i) for i in range(300)} == {0, 1}
+
+
+def test_the_gap_of_a_token_is_how_far_it_was_from_being_drawn():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    greedy = SamplingParams(temperature=0)
+    assert gap(logits, greedy, 0, 0, 0.0) == 0
+    assert gap(logits, greedy, 0, 1, 0.0) == pytest.approx(math.log(0.5 / 0.3))
+    nucleus_only = SamplingParams(top_p=0.7, seed=5)
+    assert gap(logits, nucleus_only, 0, 3, 0.01) == math.inf
+    # the third token lies 0.1 of mass beyond top_p: outside with a small slack, inside with a large one
+    assert gap(logits, nucleus_only, 0, 2, 0.01) == math.inf
+    assert gap(logits, nucleus_only, 0, 2, 0.2) < math.inf

@@ -142,6 +142,23 @@ def register_node(
     return client
 
 
+class CountingBlobs:
+    """Blobs by hash, as the coordinator serves them, counting each fetch; ``bad`` answers that many
+    fetches with junk (a download spoilt on the way)."""
+
+    def __init__(self, blobs: dict[str, bytes], bad: int = 0):
+        self.blobs = blobs
+        self.bad = bad
+        self.fetched: list[str] = []
+
+    def fetch(self, digest: str) -> bytes:
+        self.fetched.append(digest)
+        if self.bad:
+            self.bad -= 1
+            return b"junk"
+        return self.blobs[digest]
+
+
 def write_corpus(directory: Path, *, files: int = 4, lines: int = 400) -> None:
     """A small text with structure a model learns in a few rounds (no download, no stdlib scan)."""
     rng = random.Random(0)

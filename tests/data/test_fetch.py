@@ -11,6 +11,7 @@ from gpuflex.data.prepare import prepare
 from gpuflex.data.sources import Source
 from gpuflex.data.tokenizer import load_tokenizer
 from gpuflex.errors import HashMismatch
+from gpuflex.testing import CountingBlobs
 
 
 @pytest.fixture
@@ -21,28 +22,16 @@ def prepared(tmp_path):
     return out
 
 
-class Store:
-    """Blobs by hash, as the coordinator serves them; ``bad`` answers that many fetches with junk."""
-
-    def __init__(self, directory, bad: int = 0):
-        manifest = read_manifest(directory)
-        self.blobs = {
-            s.sha256: (directory / s.file).read_bytes() for s in manifest.train + manifest.validation
-        }
-        self.bad = bad
-        self.fetched: list[str] = []
-
-    def fetch(self, digest: str) -> bytes:
-        self.fetched.append(digest)
-        if self.bad:
-            self.bad -= 1
-            return b"junk"
-        return self.blobs[digest]
+def served(directory, bad: int = 0) -> CountingBlobs:
+    """The prepared dataset's shards as the coordinator serves them."""
+    manifest = read_manifest(directory)
+    shards = manifest.train + manifest.validation
+    return CountingBlobs({s.sha256: (directory / s.file).read_bytes() for s in shards}, bad)
 
 
 def test_shards_are_fetched_once_per_node_and_a_second_job_reads_them_from_the_cache(prepared, tmp_path):
     manifest = read_manifest(prepared)
-    store, cache = Store(prepared), ShardCache(tmp_path / "cache", limit_bytes=10_000)
+    store, cache = served(prepared), ShardCache(tmp_path / "cache", limit_bytes=10_000)
     first = FetchedShards(store.fetch, cache)
     tokens = first.open(manifest.train[1], manifest.dtype)
     assert first.open(manifest.train[1], manifest.dtype) is tokens  # opened once per process
@@ -57,12 +46,12 @@ def test_shards_are_fetched_once_per_node_and_a_second_job_reads_them_from_the_c
 def test_a_corrupted_fetch_is_fetched_again_and_a_second_one_fails_naming_the_shard(prepared, tmp_path):
     manifest = read_manifest(prepared)
     shard = manifest.validation[0]
-    once = Store(prepared, bad=1)
+    once = served(prepared, bad=1)
     assert (
         len(FetchedShards(once.fetch, ShardCache(tmp_path / "c1", 10_000)).open(shard, manifest.dtype)) == 150
     )
     assert once.fetched == [shard.sha256] * 2
-    twice = Store(prepared, bad=2)
+    twice = served(prepared, bad=2)
     with pytest.raises(
         HashMismatch, match=rf"shard validation-00000.bin arrived corrupted 2 times .*{shard.sha256}"
     ):
@@ -72,7 +61,7 @@ def test_a_corrupted_fetch_is_fetched_again_and_a_second_one_fails_naming_the_sh
 def test_a_cached_shard_damaged_on_disk_is_fetched_again(prepared, tmp_path):
     manifest = read_manifest(prepared)
     shard = manifest.train[0]
-    store, cache = Store(prepared), ShardCache(tmp_path / "cache", limit_bytes=10_000)
+    store, cache = served(prepared), ShardCache(tmp_path / "cache", limit_bytes=10_000)
     FetchedShards(store.fetch, cache).open(shard, manifest.dtype)
     path = cache.get(shard.sha256)
     path.write_bytes(b"\0" * path.stat().st_size)  # another task, or the disk, spoilt it

@@ -15,7 +15,7 @@ from gpuflex.data.cache import ShardCache
 from gpuflex.errors import BadRequest, HashMismatch
 from gpuflex.protocol.messages import Contribution, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
-from gpuflex.testing import save_llama, write_corpus
+from gpuflex.testing import CountingBlobs, save_llama, write_corpus
 from gpuflex.train.checkpoint import sha256
 from gpuflex.train.export import export_hf
 from gpuflex.train.outer import GlobalReplica
@@ -58,25 +58,15 @@ def test_a_model_directory_is_sized_on_the_meta_device_with_its_lora(model_dir):
     assert lora.trainable == 2 * 2 * (4 * 32 + 32 * 4)
 
 
-class Hub:
-    """A model directory's blobs as the coordinator serves them, counting fetches; ``bad`` answers that
-    many fetches with junk."""
+class Hub(CountingBlobs):
+    """A model directory's blobs as the coordinator serves them, counting fetches."""
 
     PART_BYTES = 64 * 1024  # the weights (about 210 kB) are several parts
 
     def __init__(self, model_dir: Path):
-        self.spec, bundle, parts = bundle_model(model_dir, spec_for(model_dir), self.PART_BYTES)
-        self.bundle, self.blobs = bundle, {p.sha256: p.read() for p in parts}
-        self.blobs[sha256(bundle.to_bytes())] = bundle.to_bytes()
-        self.fetched: list[str] = []
-        self.bad = 0
-
-    def fetch(self, digest: str) -> bytes:
-        self.fetched.append(digest)
-        if self.bad:
-            self.bad -= 1
-            return b"junk"
-        return self.blobs[digest]
+        self.spec, self.bundle, parts = bundle_model(model_dir, spec_for(model_dir), self.PART_BYTES)
+        bundle = self.bundle.to_bytes()
+        super().__init__({p.sha256: p.read() for p in parts} | {sha256(bundle): bundle})
 
 
 def test_a_nodes_tasks_fetch_a_model_directory_once_through_its_cache(model_dir, tmp_path):

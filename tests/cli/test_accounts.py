@@ -151,7 +151,7 @@ def test_a_deposit_out_of_range_is_one_line_naming_the_range(url, tmp_path):
     for amount in ("0", "-5", "2000000", "nan"):
         refused = one_line_error(gpuflex(tmp_path, "wallet", "deposit", amount))
         assert "a deposit must be 0.000001 to 1000000.00 credits" in refused, refused
-    assert "balance: 2.500000" in ok(gpuflex(tmp_path, "wallet", "deposit", "2.5"))
+    assert "balance: 2.50 credits" in ok(gpuflex(tmp_path, "wallet", "deposit", "2.5"))
 
     token = saved(tmp_path)["profiles"]["d-ivy"]["token"]
     for amount in (0, -5, 2_000_000):

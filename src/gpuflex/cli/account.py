@@ -104,10 +104,10 @@ def deposit(
     if not m.MIN_CREDITS <= amount <= m.MAX_CREDITS:
         raise BadRequest(f"a deposit must be {DEPOSIT_RANGE} credits, not {amount:.12g}")
     balance = consumer_client(url, token).deposit(amount)
-    console.print(f"balance: {balance.balance:.6f} credits")
+    console.print(f"balance: {credits(balance.balance)} credits")
 
 
 @wallet_app.command("balance")
 def balance(url: Url = None, token: Token = None) -> None:
     """Show your wallet's balance."""
-    console.print(f"balance: {consumer_client(url, token).balance().balance:.6f} credits")
+    console.print(f"balance: {credits(consumer_client(url, token).balance().balance)} credits")

@@ -41,7 +41,9 @@ output tokens; an output ends on EOS, a stop string or ``max_tokens``.
      ``other_output`` (another request's tokens and fingerprints);
    - ``altered_prompt``: chats served without their system message.
    A cheat whose output equals the honest one token for token (possible for a peaked model) cannot be
-   caught and served what was asked: ``identical_outputs`` counts those, and they stay in the rates.
+   caught by the sampling check (a quantized model's may still be, by its fingerprints):
+   ``identical_outputs`` counts them per kind; they stay in ``detection_rate``, and
+   ``detection_rate_distinct_outputs`` is over the outputs that differ from the honest one.
    ``margins``: the honest outputs' worst figures against ``verify.Thresholds``, and each kind's
    figures closest to passing.
 
@@ -323,6 +325,8 @@ class Honest:
     worst: dict[str, float] = field(default_factory=dict)
     groups: list[dict] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
 
 
 WORST = {  # each honest figure's worse direction: max or min over the outputs
@@ -380,6 +384,8 @@ def audit_honest(provider: ServedModel, verifier: ServedModel, asks: list[Ask]) 
         tally.verify_s += verify_s
         tokens = sum(len(c.tokens) for c in completions)
         tally.tokens += tokens
+        tally.prompt_tokens += [len(p) for p in prompts]
+        tally.output_tokens += [len(c.tokens) for c in completions]
         tally.commitment_bytes = max(
             [tally.commitment_bytes, *(len(f) for c in completions for f in c.fingerprints)]
         )
@@ -482,10 +488,13 @@ def audit_cheats(
         ]
         caught = sum(not f.ok for f in findings)
         passed = [f for f in findings if f.ok]
+        identical = [list(h.tokens) == t for h, t in zip(honest, tokens, strict=True)]
         results[kind] = {
             "caught": caught,
             "total": len(findings),
-            "identical_outputs": sum(list(h.tokens) == t for h, t in zip(honest, tokens, strict=True)),
+            "identical_outputs": sum(identical),
+            "distinct": identical.count(False),
+            "caught_distinct": sum(not f.ok for f, same in zip(findings, identical, strict=True) if not same),
             "reasons": _reasons(findings),
             "closest": _closest(findings),
             "passed": [f.numbers for f in passed],
@@ -538,8 +547,8 @@ def _closest(findings: list[Finding]) -> dict[str, float]:
     if not numbers:
         return {}
     return {
-        "common_min": max(n["common_min"] for n in numbers),
-        "mantissa_mean": min(n["mantissa_mean"] for n in numbers),
+        "common_min": round(max(n["common_min"] for n in numbers), 4),
+        "mantissa_mean": round(min(n["mantissa_mean"] for n in numbers), 4),
         "far_mismatches": min(n["far_mismatches"] for n in numbers),
     }
 
@@ -634,11 +643,22 @@ def _summary(args, mode: Mode, parameters: int, direct: dict, honest: Honest, ch
         "identical_outputs": {
             k: c["identical_outputs"] for k, c in cheated.items() if c["identical_outputs"]
         },
+        "detection_rate_distinct_outputs": round(
+            rate(
+                sum(c["caught_distinct"] for c in cheated.values()),
+                sum(c["distinct"] for c in cheated.values()),
+            ),
+            4,
+        ),
         "caught_by": {k: c["reasons"] for k, c in cheated.items()},
         "false_positive_rate": fpr,
         "false_positive_ci95": clopper_pearson(false_positives, honest.requests),
         "honest_audited": honest.requests,
         "honest_mix": dict(sorted(honest.kinds.items())),
+        "honest_lengths": {
+            name: {"min": min(n), "median": percentile(n, 50), "max": max(n)}
+            for name, n in (("prompt_tokens", honest.prompt_tokens), ("output_tokens", honest.output_tokens))
+        },
         "verifier_cost_ratio": round(verifier_cost, 4),
         "verifier_cost_ratio_by_batch": cost_by_batch,
         "verify_s_per_request_by_verifier_threads": per_request,

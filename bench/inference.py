@@ -12,9 +12,10 @@ llama of 5.2M parameters (4 layers, 256 wide, 4 heads, 2,048 tokens, a context o
 with ``init_std`` 0.1 as the serve tests do (peaked distributions, layers that matter to the hidden
 states: ``gpuflex.testing.save_llama``), saved to a temporary directory and loaded from it on the CPU
 by ``ServedModel.load``, twice: the provider's instance and the verifier's. Requests are mixed: plain
-prompts (windows of the source text) and chats (a system and a user message), 6 to ~300 prompt tokens,
-greedy and sampled (temperatures 0.6-1.2, top_p 1, 0.95 or 0.9, a stop string now and then), 8 to 128
-output tokens; an output ends on EOS, a stop string or ``max_tokens``.
+prompts (windows of the source text) and chats (a system and a user message), a few to a few hundred
+prompt tokens (``honest_lengths`` gives the range served), greedy and sampled (temperatures 0.6-1.2,
+top_p 1, 0.95 or 0.9, a stop string now and then), 8 to 128 output tokens; an output ends on EOS, a stop
+string or ``max_tokens``.
 
 1. **Direct throughput and TTFT** (``Engine`` called in-process, one torch thread, ``max_batch`` 8): the
    same requests served by 1 and by 8 closed-loop streams (a stream submits its next request when its

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpuflex.errors import BadRequest
-from gpuflex.serve.sampling import SamplingParams, choose, gap, nucleus
+from gpuflex.serve.sampling import SamplingParams, choose, gaps, nucleus
 
 
 @pytest.mark.parametrize(
@@ -77,12 +77,21 @@ def test_top_p_draws_only_from_the_nucleus():
 
 
 def test_the_gap_of_a_token_is_how_far_it_was_from_being_drawn():
-    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    rows = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])).repeat(3, 1)  # output positions 0, 1, 2
     greedy = SamplingParams(temperature=0)
-    assert gap(logits, greedy, 0, 0, 0.0) == 0
-    assert gap(logits, greedy, 0, 1, 0.0) == pytest.approx(math.log(0.5 / 0.3))
+    assert gaps(rows[:2], greedy, [0, 1], 0.0).tolist() == pytest.approx([0, math.log(0.5 / 0.3)])
     nucleus_only = SamplingParams(top_p=0.7, seed=5)
-    assert gap(logits, nucleus_only, 0, 3, 0.01) == math.inf
     # the third token lies 0.1 of mass beyond top_p: outside with a small slack, inside with a large one
-    assert gap(logits, nucleus_only, 0, 2, 0.01) == math.inf
-    assert gap(logits, nucleus_only, 0, 2, 0.2) < math.inf
+    assert gaps(rows, nucleus_only, [3, 2, 2], 0.01).tolist()[:2] == [math.inf, math.inf]
+    assert gaps(rows, nucleus_only, [3, 2, 2], 0.2)[1:].max() < math.inf
+
+
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=0.8, top_p=0.9, seed=7), SamplingParams(seed=3)]
+)
+def test_every_drawn_token_has_no_gap_when_a_whole_output_is_replayed_at_once(params):
+    logits = torch.randn(40, 300, generator=torch.Generator().manual_seed(0)) * 3
+    drawn = [choose(logits[i], params, i) for i in range(len(logits))]
+    assert gaps(logits, params, drawn, 0.0).tolist() == [0.0] * len(drawn)
+    other = [(t + 1) % 300 for t in drawn]
+    assert (gaps(logits, params, other, 0.0) > 0).all()

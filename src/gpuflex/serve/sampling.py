@@ -9,7 +9,7 @@ Gumbel noise drawn from a generator seeded by a hash of (seed, i) and restricted
   what was drawn before it, nor on the batch the request shared (failover relies on this);
 - a verifier holding the same logits replays every draw, and when its logits differ a little from the
   provider's (threads, batch, device), how close a claimed token came to being drawn is a gap in logits
-  between two scores, local to that position (``gap``), not a drift accumulated over a vocabulary.
+  between two scores, local to that position (``gaps``), not a drift accumulated over a vocabulary.
 
 The noise is drawn on the CPU in float64 whatever device computed the logits, so it is the same
 everywhere. Temperature 0 is greedy: the argmax of the logits, no noise.
@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from gpuflex.errors import BadRequest
@@ -90,13 +92,20 @@ def gumbel(seed: int, position: int, vocab: int) -> torch.Tensor:
 
 
 def nucleus(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The top-p nucleus (a boolean mask): the most probable tokens whose mass before each is under top_p."""
+    """The top-p nucleus of each row (a boolean mask): the most probable tokens whose mass before each is
+    under top_p."""
     probs = torch.softmax(logits / params.temperature, dim=-1)
-    order = torch.argsort(probs, descending=True, stable=True)
-    before = torch.cumsum(probs[order], dim=-1) - probs[order]
-    keep = torch.zeros_like(probs, dtype=torch.bool)
-    keep[order] = before < params.top_p
-    return keep
+    order = torch.argsort(probs, dim=-1, descending=True, stable=True)
+    ranked = probs.gather(-1, order)
+    before = torch.cumsum(ranked, dim=-1) - ranked
+    return torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, before < params.top_p)
+
+
+def _noisy(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int]) -> torch.Tensor:
+    """``logits + T * g`` for one row per position of ``positions`` (float64, CPU, no nucleus)."""
+    assert params.seed is not None, "sampling needs a seed: call SamplingParams.seeded() first"
+    noise = torch.stack([gumbel(params.seed, p, logits.shape[-1]) for p in positions])
+    return logits + params.temperature * noise.reshape(logits.shape)
 
 
 def scores(logits: torch.Tensor, params: SamplingParams, position: int) -> torch.Tensor:
@@ -105,8 +114,7 @@ def scores(logits: torch.Tensor, params: SamplingParams, position: int) -> torch
     logits = logits.detach().to("cpu", torch.float64)
     if params.greedy:
         return logits
-    assert params.seed is not None, "sampling needs a seed: call SamplingParams.seeded() first"
-    noisy = logits + params.temperature * gumbel(params.seed, position, logits.numel())
+    noisy = _noisy(logits, params, [position])
     if params.top_p < 1:
         noisy = noisy.masked_fill(~nucleus(logits, params), -math.inf)
     return noisy
@@ -117,20 +125,25 @@ def choose(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     return int(torch.argmax(scores(logits, params, position)))
 
 
-def gap(
-    logits: torch.Tensor, params: SamplingParams, position: int, token: int, nucleus_slack: float
-) -> float:
-    """How far ``token`` was from being chosen, in logits: 0 when it is the choice, else the winner's
-    score minus its own. A token just outside the nucleus (less than ``nucleus_slack`` of probability
-    mass beyond top_p) is scored as if inside; one further out is infinitely far."""
-    all_scores = scores(logits, params, position)
-    best = float(all_scores.max())
-    own = float(all_scores[token])
-    if own == -math.inf:
+def gaps(
+    logits: torch.Tensor, params: SamplingParams, tokens: Sequence[int], nucleus_slack: float
+) -> np.ndarray:
+    """For each output position i (row i of ``logits``), how far ``tokens[i]`` was from being chosen, in
+    logits: 0 when it is the choice, else the winner's score minus its own. A token just outside the
+    nucleus (less than ``nucleus_slack`` of probability mass beyond top_p) is scored as if inside; one
+    further out is infinitely far. All rows at once: one sort of the nucleus for the whole output."""
+    logits = logits.detach().to("cpu", torch.float64)
+    index = torch.tensor(list(tokens), dtype=torch.long)[:, None]
+    if params.greedy:
+        return (logits.max(dim=-1).values - logits.gather(-1, index)[:, 0]).numpy()
+    raw = _noisy(logits, params, range(len(tokens)))
+    inside = torch.ones_like(raw, dtype=torch.bool) if params.top_p >= 1 else nucleus(logits, params)
+    best = raw.masked_fill(~inside, -math.inf).max(dim=-1).values
+    result = (best - raw.gather(-1, index)[:, 0]).numpy()
+    outside = ~inside.gather(-1, index)[:, 0]
+    if outside.any():
         wide = replace(params, top_p=min(1.0, params.top_p + nucleus_slack))
-        if not nucleus(logits.detach().to("cpu", torch.float64), wide)[token]:
-            return math.inf
-        own = float(logits[token]) + params.temperature * float(
-            gumbel(params.seed, position, logits.numel())[token]
-        )
-    return best - own
+        near = nucleus(logits[outside], wide).gather(-1, index[outside])[:, 0]
+        far = outside.nonzero()[:, 0][~near]
+        result[far.numpy()] = math.inf
+    return result

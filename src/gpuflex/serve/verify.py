@@ -8,7 +8,7 @@ should have computed while decoding. Two checks, and a ``Finding`` like the trai
   differences. A different model (layers dropped, weights quantized) or a different prompt (a dropped
   system message) moves the hidden states, so the values (or even the indices) stop agreeing; copied
   fingerprints belong to other hidden states altogether.
-- **sampling** (``sampling.gap``): each claimed token is replayed with the request's seed and its
+- **sampling** (``sampling.gaps``): each claimed token is replayed with the request's seed and its
   position's noise; a token the verifier would not have drawn is a mismatch, tolerated only where the
   two scores are within ``tie`` logits (a near tie that numerical noise may flip) and only on a small
   share of positions. This catches another temperature and tokens the model did not produce, which a
@@ -29,7 +29,7 @@ import torch
 
 from gpuflex.serve.fingerprint import CHUNK, ChunkComparison, compare, proofs_for
 from gpuflex.serve.model import ServedModel
-from gpuflex.serve.sampling import SamplingParams, gap
+from gpuflex.serve.sampling import SamplingParams, gaps
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,12 @@ def _fingerprint_numbers(chunks: list[ChunkComparison]) -> dict[str, float]:
 def _sampling_numbers(
     logits: torch.Tensor, tokens: list[int], params: SamplingParams, thresholds: Thresholds
 ) -> dict[str, float]:
-    gaps = np.array([gap(logits[i], params, i, t, thresholds.nucleus_slack) for i, t in enumerate(tokens)])
+    off = gaps(logits, params, tokens, thresholds.nucleus_slack)
     return {
         "positions": float(len(tokens)),
-        "mismatches": float((gaps > 0).sum()),
-        "far_mismatches": float((gaps > thresholds.tie).sum()),
-        "gap_max": float(gaps.max()),
+        "mismatches": float((off > 0).sum()),
+        "far_mismatches": float((off > thresholds.tie).sum()),
+        "gap_max": float(off.max()),
     }
 
 

@@ -3,6 +3,7 @@ requests end on EOS, a stop string or max_tokens, and what cannot be served is r
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -116,17 +117,42 @@ def test_chat_messages_go_through_a_fallback_template(served):
 def test_a_failed_batch_fails_its_requests_and_the_engine_serves_on(
     served: ServedModel, prompts, monkeypatch
 ):
-    real = engine_module._decode
+    real = engine_module._prefill
     calls = []
 
     def fails_once(model, batch):
         calls.append(len(batch))
         if len(calls) == 1:
             raise RuntimeError("out of memory")
-        real(model, batch)
+        return real(model, batch)
 
-    monkeypatch.setattr(engine_module, "_decode", fails_once)
+    monkeypatch.setattr(engine_module, "_prefill", fails_once)
     with Engine(served) as engine:
         with pytest.raises(RuntimeError, match="out of memory"):
             engine.submit(prompts[0], GREEDY).result(timeout=60)
         assert engine.submit(prompts[0], GREEDY).result(timeout=60).tokens
+
+
+def test_a_request_joins_the_batch_under_way_and_its_output_is_what_it_would_be_alone(
+    served: ServedModel, prompts, monkeypatch
+):
+    """Continuous batching: the second request is decoded beside the first rather than after it."""
+    params = [replace(GREEDY, max_tokens=30), replace(SAMPLED, max_tokens=8)]
+    alone = generate(served, prompts[:2], params, batch=1)
+    real, sizes, second_in = engine_module._Running.step, [], threading.Event()
+
+    def step(running):
+        sizes.append(running.size)
+        real(running)
+        second_in.wait(timeout=60)  # the first step waits until the second request is queued
+
+    monkeypatch.setattr(engine_module._Running, "step", step)
+    with Engine(served, max_batch=4) as engine:
+        first = engine.submit(prompts[0], params[0])
+        next(iter(first))  # its first token: the batch is under way, held after its first step
+        second = engine.submit(prompts[1], params[1])
+        second_in.set()
+        together = [first.result(timeout=60), second.result(timeout=60)]
+    assert sizes[0] == 1 and 2 in sizes  # it started alone and the second joined it
+    assert [c.tokens for c in together] == [c.tokens for c in alone]
+    assert [c.fingerprints for c in together] == [c.fingerprints for c in alone]

@@ -3,7 +3,7 @@
 Map of the files (data flows down this list):
 
 - ``model``        a ``save_pretrained`` directory loaded once; prompts and chat messages as token ids
-- ``engine``       dynamic batching on a background thread: prefill, KV-cache decoding, streamed events
+- ``engine``       continuous batching on a background thread: prefill, KV-cache decoding, streamed events
 - ``sampling``     ``SamplingParams``; each draw seeded by (seed, output position): resumable, replayable
 - ``detokenize``   output tokens to streamed text: whole characters only, stop strings never sent
 - ``fingerprint``  TOPLOC-style proofs: each 32 tokens' top-k hidden values as a polynomial, 258 bytes

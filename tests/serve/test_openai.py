@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from gpuflex.cli import serve as serve_cli
 from gpuflex.cli.main import app as cli_app
-from gpuflex.coordinator.routes.openai import api_key_check, create_router
+from gpuflex.coordinator.routes.openai import MAX_BODY_BYTES, api_key_check, create_router
 from gpuflex.errors import BadRequest
 from gpuflex.serve.backend import ModelCard
 from gpuflex.serve.engine import Completion, Event, Usage
@@ -222,6 +222,15 @@ def test_malformed_json_is_a_400_error_object(url):
         assert answer.status_code == 400, answer.text
         error = answer.json()["error"]
         assert error["type"] == "invalid_request_error" and error["message"].startswith("the body")
+
+
+def test_a_body_over_the_limit_is_a_413_error_object(url):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    huge = b'{"model": "tiny", "prompt": "' + b"a" * MAX_BODY_BYTES + b'"}'
+    for sent in (huge, iter([huge[:1000], huge[1000:]])):  # declared, then streamed without a length
+        answer = httpx.post(f"{url}/completions", content=sent, headers=headers)
+        assert answer.status_code == 413, answer.text
+        assert str(MAX_BODY_BYTES) in answer.json()["error"]["message"]
 
 
 def test_a_missing_or_wrong_key_is_a_401(url, chat):

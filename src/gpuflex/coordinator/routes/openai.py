@@ -32,13 +32,17 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from gpuflex.errors import BadRequest, GPUFlexError, NotFound, RateLimited, Unauthorized
+from gpuflex.errors import BadRequest, GPUFlexError, NotFound, PayloadTooLarge, RateLimited, Unauthorized
 from gpuflex.protocol import openai as o
 from gpuflex.serve.backend import Backend, Generation, ModelCard
 from gpuflex.serve.engine import Completion
 from gpuflex.serve.sampling import SamplingParams
 
 Body = TypeVar("Body", bound=BaseModel)
+
+# Bodies are read up to this: the longest context's prompt as JSON text fits many times over, and a body
+# is held whole in memory while it is parsed.
+MAX_BODY_BYTES = 4 << 20
 
 # SamplingParams's refusals begin with the field they name; the error object names it as ``param``.
 _SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed")
@@ -119,7 +123,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         route_class=OpenAIRoute,
         dependencies=[Depends(authorize)],
         tags=["openai"],
-        responses={status: {"model": o.ErrorResponse} for status in (400, 401, 404)},
+        responses={status: {"model": o.ErrorResponse} for status in (400, 401, 404, 413)},
     )
 
     @router.get("/models")
@@ -168,7 +172,7 @@ async def _parse(request: Request, model: type[Body]) -> Body:
     """The body as ``model``; a ``Refused`` naming what is wrong (not JSON, a field's type, a field asking
     for what is not served)."""
     try:
-        data = json.loads(await request.body())
+        data = json.loads(await _read(request))
     except (ValueError, UnicodeDecodeError) as err:
         raise Refused(f"the body is not valid JSON: {err}") from None
     if not isinstance(data, dict):
@@ -186,6 +190,21 @@ async def _parse(request: Request, model: type[Body]) -> Body:
 # Where a problem is, as OpenAI's ``param``: a field's path, without FastAPI's "body"/"query" or the
 # member of a union pydantic tried ("prompt.str", "prompt.list[int]": both are "prompt").
 _NOT_A_PLACE = {"body", "query", "path", "str", "int", "float", "bool"}
+
+
+async def _read(request: Request) -> bytes:
+    """The body, refused with a 413 as soon as it passes ``MAX_BODY_BYTES`` (declared or streamed)."""
+    too_large = PayloadTooLarge(f"the body is over {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _where(loc: tuple) -> str:

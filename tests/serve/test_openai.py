@@ -4,6 +4,10 @@ input as the client's typed error with a message that says what was wrong."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +22,7 @@ from gpuflex.cli import serve as serve_cli
 from gpuflex.cli.main import app as cli_app
 from gpuflex.coordinator.routes.openai import MAX_BODY_BYTES, api_key_check, create_router
 from gpuflex.errors import BadRequest
+from gpuflex.localnet import free_port
 from gpuflex.serve.backend import ModelCard
 from gpuflex.serve.engine import Completion, Event, Usage
 from gpuflex.serve.sampling import SamplingParams
@@ -328,3 +333,33 @@ def test_a_failure_while_streaming_reaches_the_client_as_an_error():
         stream = client.completions.create(model="fake", prompt="x", stream=True)
         with pytest.raises(openai.APIError, match="the provider went away"):
             list(stream)
+
+
+def test_gpuflex_serve_answers_its_printed_example_and_stops_on_ctrl_c(model_dir):
+    port = free_port()
+    command = [sys.executable, "-m", "gpuflex", "serve", str(model_dir), "--port", str(port)]
+    command += ["--name", NAME]
+    env = {**os.environ, "COLUMNS": "200"}
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        printed = []
+        for line in server.stderr:  # up to the last line of the banner
+            printed.append(line)
+            if "Ctrl-C stops it" in line:
+                break
+        banner = "".join(printed)
+        base = f"http://127.0.0.1:{port}/v1"
+        assert f"at {base}, without a key, on loopback only" in banner, banner
+        example = [line.strip() for line in printed if line.startswith("  ") and "curl" not in line]
+        python = "\n".join(line for line in example if not line.startswith(("-H", "-d")))
+        scope: dict = {}
+        exec(python, scope)  # the printed openai example, as a user would paste it
+        assert scope["answer"].model == NAME and scope["answer"].choices[0].message.content
+        server.send_signal(signal.SIGINT)
+        rest = server.communicate(timeout=30)[1]
+        assert server.returncode == 0, rest
+        assert "stopped" in rest
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -269,6 +270,7 @@ class _Gated:
 
     def __init__(self, gate: threading.Event, fail: bool):
         self.gate, self.fail = gate, fail
+        self.cancelled = threading.Event()
 
     def __iter__(self) -> Iterator[Event]:
         assert self.gate.wait(30), "the gate never opened"
@@ -282,12 +284,28 @@ class _Gated:
         params = SamplingParams(seed=1)
         return Completion((1, 2, 3), (1, 2), "ab", "stop", params, usage, ())
 
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class _Endless(_Gated):
+    """A generation that goes on, a token every 10 ms, until it is cancelled (30 s at most)."""
+
+    def __iter__(self) -> Iterator[Event]:
+        for _ in range(3000):
+            if self.cancelled.is_set():
+                return
+            time.sleep(0.01)
+            yield Event(1, "a")
+        raise AssertionError("never cancelled")
+
 
 class _FakeBackend:
     """Tokens from anywhere: the routes need only the ``Backend`` protocol."""
 
-    def __init__(self, fail: bool = False):
-        self.gate, self.fail = threading.Event(), fail
+    def __init__(self, fail: bool = False, endless: bool = False):
+        self.gate, self.fail, self.endless = threading.Event(), fail, endless
+        self.submitted: list[_Gated] = []
 
     def models(self) -> list[ModelCard]:
         return [self.model("fake")]
@@ -302,7 +320,8 @@ class _FakeBackend:
         return [1, 2, 3]
 
     def submit(self, model: str, prompt, params: SamplingParams) -> _Gated:
-        return _Gated(self.gate, self.fail)
+        self.submitted.append((_Endless if self.endless else _Gated)(self.gate, self.fail))
+        return self.submitted[-1]
 
 
 @contextmanager
@@ -363,3 +382,13 @@ def test_gpuflex_serve_answers_its_printed_example_and_stops_on_ctrl_c(model_dir
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_a_client_that_goes_away_cancels_its_generation():
+    backend = _FakeBackend(endless=True)
+    with _fake_server(backend) as client:
+        stream = client.completions.create(model="fake", prompt="x", stream=True)
+        assert next(iter(stream)).choices[0].text == "a"
+        stream.close()  # the client went away mid-answer
+        (generation,) = backend.submitted
+        assert generation.cancelled.wait(10), "the generation went on for nobody"

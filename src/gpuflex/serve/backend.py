@@ -37,6 +37,10 @@ class Generation(Protocol):
 
     def result(self) -> Completion: ...
 
+    def cancel(self) -> None:
+        """Stop generating: nobody will read the rest. Nothing happens once it has ended."""
+        ...
+
 
 class Backend(Protocol):
     def models(self) -> list[ModelCard]:

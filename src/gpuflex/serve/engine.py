@@ -13,6 +13,8 @@ Each request's tokens stream as ``Event``s as they are drawn; it ends on an EOS 
 fingerprint per 32 output tokens. A request may carry ``resume``, the tokens a previous server already
 sent: it continues from there, and since each draw depends only on (seed, position) and the logits, with
 exactly the tokens the uninterrupted run would have given; its fingerprints cover the whole output.
+A request nobody reads any more (its client went away) is ``cancel``led: its row leaves the batch at the
+next step, since the requests waiting for the next round wait for this one's batch to end.
 
 Batching changes no output: rows are left-padded under an attention mask with their own position ids, so
 each row computes what it would alone up to floating-point reassociation (tested: batched and unbatched
@@ -35,6 +37,10 @@ from gpuflex.serve.model import ServedModel
 from gpuflex.serve.sampling import SamplingParams, choose
 
 PAD = 0  # the id left padding feeds the model; masked out, so any id would do
+
+
+class Cancelled(Exception):
+    """The request was cancelled (its client went away) before it ended."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,15 @@ class Request:
         if self._stream.stopped:
             raise BadRequest("resume already holds a stop string: that output has ended")
         self._fingerprinter = Fingerprinter()
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Stop generating for this request (its client went away): it is left out of the batch it has
+        not joined yet, or its row leaves the batch at the next step, so the others' rounds are not held
+        up by an output nobody reads. A listener gets ``Cancelled``. A request that ended stays as it is."""
+        if self.completion is None and not self._cancelled:
+            self._cancelled = True
+            self._fail(Cancelled("the request was cancelled"))
 
     def __iter__(self) -> Iterator[Event]:
         return self.events()
@@ -189,9 +204,11 @@ class Engine:
                 if (last := self._waiting.get()) is None:
                     break
                 batch.append(last)
+            batch = [request for request in batch if not request._cancelled]
             try:
                 with torch.inference_mode():
-                    _decode(self.model, batch)
+                    if batch:
+                        _decode(self.model, batch)
             except Exception as err:  # the batch's requests fail; the engine serves the next ones
                 for request in batch:
                     if request.completion is None:
@@ -206,7 +223,7 @@ def _decode(served: ServedModel, batch: list[Request]) -> None:
     while True:
         logits = out.logits[:, -1].float().cpu()  # one transfer a step; sampling runs on the CPU
         tokens = [choose(logits[row], r.params, len(r._tokens)) for row, r in enumerate(batch)]
-        ended = [r._take(token) for r, token in zip(batch, tokens, strict=True)]
+        ended = [r._cancelled or r._take(token) for r, token in zip(batch, tokens, strict=True)]
         keep = [row for row, done in enumerate(ended) if not done]
         if not keep:
             return

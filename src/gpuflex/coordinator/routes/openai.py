@@ -22,7 +22,7 @@ a streaming client, as an ``error`` event.
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -143,7 +143,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         generation = await _submit(served, card, ids, body, body.max_tokens)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
-            return _stream(_completion_chunks(generation, head, body.include_usage))
+            return _stream(_completion_chunks(generation, head, body.include_usage), generation)
         done = await run_in_threadpool(generation.result)
         choice = o.CompletionChoice(text=done.text, finish_reason=done.finish_reason)
         return _json(o.Completion(**head, choices=[choice], usage=_usage(done)))
@@ -159,7 +159,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         )
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
-            return _stream(_chat_chunks(generation, head, body.include_usage))
+            return _stream(_chat_chunks(generation, head, body.include_usage), generation)
         done = await run_in_threadpool(generation.result)
         message = o.ResponseMessage(content=done.text)
         choice = o.ChatChoice(message=message, finish_reason=done.finish_reason)
@@ -268,9 +268,10 @@ def _json(body: BaseModel) -> JSONResponse:
     return JSONResponse(body.model_dump(mode="json"))
 
 
-def _stream(events: Iterator[BaseModel]) -> StreamingResponse:
+def _stream(events: Iterator[BaseModel], generation: Generation) -> StreamingResponse:
     """Server-sent events: each chunk as ``data: {...}``, then ``data: [DONE]``. A failure while
-    generating is sent as an error event (the status is long gone) and ends the stream."""
+    generating is sent as an error event (the status is long gone) and ends the stream; a client that
+    goes away cancels the generation (the response's task is cancelled where it awaits the next line)."""
 
     def lines() -> Iterator[str]:
         try:
@@ -285,8 +286,15 @@ def _stream(events: Iterator[BaseModel]) -> StreamingResponse:
             return
         yield "data: [DONE]\n\n"
 
+    async def sent() -> AsyncIterator[str]:
+        try:
+            async for line in iterate_in_threadpool(lines()):
+                yield line
+        finally:
+            generation.cancel()  # nothing, when it ended
+
     return StreamingResponse(
-        iterate_in_threadpool(lines()),
+        sent(),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -4,6 +4,7 @@ input as the client's typed error with a message that says what was wrong."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -392,3 +393,20 @@ def test_a_client_that_goes_away_cancels_its_generation():
         stream.close()  # the client went away mid-answer
         (generation,) = backend.submitted
         assert generation.cancelled.wait(10), "the generation went on for nobody"
+
+
+def test_the_openapi_schema_documents_the_bodies_and_the_errors():
+    app = FastAPI()
+    app.include_router(create_router(lambda: _FakeBackend(), api_key_check(None)), prefix="/v1")
+    paths = app.openapi()["paths"]
+    chat = paths["/v1/chat/completions"]["post"]
+    body = chat["requestBody"]["content"]["application/json"]["schema"]
+    assert {"model", "messages", "max_completion_tokens", "stream_options"} <= set(body["properties"])
+    assert "role" in json.dumps(body["properties"]["messages"])  # the messages' own schema, inline
+    assert (
+        "prompt"
+        in paths["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+            "properties"
+        ]
+    )
+    assert {"400", "401", "404", "413"} <= set(chat["responses"])

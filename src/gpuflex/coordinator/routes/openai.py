@@ -134,7 +134,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
     async def get_model(name: str, served: Served) -> o.Model:
         return _model(served.model(name))
 
-    @router.post("/completions")
+    @router.post("/completions", openapi_extra=_documented(o.CompletionRequest))
     async def completions(request: Request, served: Served) -> Response:
         body = await _parse(request, o.CompletionRequest)
         card = served.model(body.model)
@@ -148,7 +148,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         choice = o.CompletionChoice(text=done.text, finish_reason=done.finish_reason)
         return _json(o.Completion(**head, choices=[choice], usage=_usage(done)))
 
-    @router.post("/chat/completions")
+    @router.post("/chat/completions", openapi_extra=_documented(o.ChatCompletionRequest))
     async def chat_completions(request: Request, served: Served) -> Response:
         body = await _parse(request, o.ChatCompletionRequest)
         card = served.model(body.model)
@@ -166,6 +166,22 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         return _json(o.ChatCompletion(**head, choices=[choice], usage=_usage(done)))
 
     return router
+
+
+def _documented(model: type[BaseModel]) -> dict:
+    """The OpenAPI request body of a route that parses its own (``_parse``): ``model``'s schema, inline
+    (a route's schema cannot add to the document's components)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return inline(defs[node["$ref"].rsplit("/", 1)[1]])
+            return {key: inline(value) for key, value in node.items()}
+        return [inline(value) for value in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
 async def _parse(request: Request, model: type[Body]) -> Body:

@@ -13,7 +13,8 @@ Generation blocks (the engine's queue), so it never runs on the event loop: enco
 waiting for a completion run in the thread pool, and a stream takes each event there
 (``iterate_in_threadpool``). Everything that can refuse a request (model, fields, context, ranges)
 refuses it before a stream starts, so a refusal is always a 4xx; only a failure while generating reaches
-a streaming client, as an ``error`` event.
+a streaming client, as an ``error`` event. A streaming client that goes away cancels its generation.
+Bodies are read up to ``MAX_BODY_BYTES``.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' ``Annotated`` dependencies, which

@@ -300,6 +300,10 @@ class _Endless(_Gated):
             yield Event(1, "a")
         raise AssertionError("never cancelled")
 
+    def result(self) -> Completion:
+        assert self.cancelled.wait(30), "never cancelled"
+        raise RuntimeError("cancelled")
+
 
 class _FakeBackend:
     """Tokens from anywhere: the routes need only the ``Backend`` protocol."""
@@ -391,8 +395,12 @@ def test_a_client_that_goes_away_cancels_its_generation():
         stream = client.completions.create(model="fake", prompt="x", stream=True)
         assert next(iter(stream)).choices[0].text == "a"
         stream.close()  # the client went away mid-answer
-        (generation,) = backend.submitted
-        assert generation.cancelled.wait(10), "the generation went on for nobody"
+        impatient = client.with_options(timeout=1)
+        with pytest.raises(openai.APITimeoutError):  # and one that stopped waiting for a whole answer
+            impatient.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x"}])
+        assert len(backend.submitted) == 2
+        for generation in backend.submitted:
+            assert generation.cancelled.wait(10), "a generation went on for nobody"
 
 
 def test_the_openapi_schema_documents_the_bodies_and_the_errors():

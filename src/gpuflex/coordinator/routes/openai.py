@@ -13,13 +13,15 @@ Generation blocks (the engine's queue), so it never runs on the event loop: enco
 waiting for a completion run in the thread pool, and a stream takes each event there
 (``iterate_in_threadpool``). Everything that can refuse a request (model, fields, context, ranges)
 refuses it before a stream starts, so a refusal is always a 4xx; only a failure while generating reaches
-a streaming client, as an ``error`` event. A streaming client that goes away cancels its generation.
+a streaming client, as an ``error`` event. A client that goes away cancels its generation.
 Bodies are read up to ``MAX_BODY_BYTES``.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' ``Annotated`` dependencies, which
 # are local to ``create_router``, from the live annotations.
 
+import asyncio
+import contextlib
 import json
 import secrets
 import time
@@ -44,6 +46,9 @@ Body = TypeVar("Body", bound=BaseModel)
 # Bodies are read up to this: the longest context's prompt as JSON text fits many times over, and a body
 # is held whole in memory while it is parsed.
 MAX_BODY_BYTES = 4 << 20
+
+# How often a request waiting for its whole completion looks whether its client is still there.
+DISCONNECT_POLL_S = 0.5
 
 # SamplingParams's refusals begin with the field they name; the error object names it as ``param``.
 _SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed")
@@ -145,7 +150,9 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_completion_chunks(generation, head, body.include_usage), generation)
-        done = await run_in_threadpool(generation.result)
+        done = await _result(request, generation)
+        if done is None:
+            return Response(status_code=499)  # nobody reads it: the client closed the request
         choice = o.CompletionChoice(text=done.text, finish_reason=done.finish_reason)
         return _json(o.Completion(**head, choices=[choice], usage=_usage(done)))
 
@@ -161,7 +168,9 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_chat_chunks(generation, head, body.include_usage), generation)
-        done = await run_in_threadpool(generation.result)
+        done = await _result(request, generation)
+        if done is None:
+            return Response(status_code=499)  # nobody reads it: the client closed the request
         message = o.ResponseMessage(content=done.text)
         choice = o.ChatChoice(message=message, finish_reason=done.finish_reason)
         return _json(o.ChatCompletion(**head, choices=[choice], usage=_usage(done)))
@@ -270,6 +279,19 @@ async def _submit(served: Backend, card: ModelCard, ids: list[int], body: Any, m
     }
     params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
     return await run_in_threadpool(served.submit, card.name, ids, params)
+
+
+async def _result(request: Request, generation: Generation) -> Completion | None:
+    """The completion; None when the client went away before it (looked at every
+    ``DISCONNECT_POLL_S``), and the generation is cancelled."""
+    waiting = asyncio.ensure_future(run_in_threadpool(generation.result))
+    while not (await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S))[0]:
+        if await request.is_disconnected():
+            generation.cancel()
+            with contextlib.suppress(Exception):  # it ends now, refused as cancelled
+                await waiting
+            return None
+    return waiting.result()
 
 
 def _model(card: ModelCard) -> o.Model:

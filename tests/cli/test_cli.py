@@ -55,6 +55,7 @@ def test_every_documented_command_exists():
         ("provider", "withdraw"),
         ("operator", "slash"),
         ("slashes",),
+        ("serve",),
     }
     assert expected <= set(ALL_COMMANDS)
 

@@ -10,7 +10,7 @@ import pytest
 
 from gpuflex.errors import BadRequest
 from gpuflex.serve import engine as engine_module
-from gpuflex.serve.engine import Engine
+from gpuflex.serve.engine import Cancelled, Engine
 from gpuflex.serve.model import FALLBACK_CHAT_TEMPLATE, ServedModel
 from gpuflex.serve.sampling import SamplingParams
 
@@ -156,3 +156,21 @@ def test_a_request_joins_the_batch_under_way_and_its_output_is_what_it_would_be_
     assert sizes[0] == 1 and 2 in sizes  # it started alone and the second joined it
     assert [c.tokens for c in together] == [c.tokens for c in alone]
     assert [c.fingerprints for c in together] == [c.fingerprints for c in alone]
+
+
+def test_a_cancelled_request_stops_and_leaves_the_batch(served, prompts):
+    room = served.context - len(prompts[0])
+    with Engine(served, max_batch=2) as engine:
+        abandoned = engine.submit(prompts[0], replace(GREEDY, max_tokens=room))
+        beside = engine.submit(prompts[1], GREEDY)
+        next(iter(abandoned))
+        abandoned.cancel()
+        with pytest.raises(Cancelled):
+            abandoned.result(timeout=60)
+        assert beside.result(timeout=60).finish_reason in ("stop", "length")  # the other row went on
+        after = engine.submit(prompts[2], GREEDY).result(timeout=60)  # a round after the abandoned one's
+    assert len(abandoned._tokens) < room  # it stopped: its row left the batch
+    alone = generate(served, prompts[2:3], [GREEDY], batch=1)[0]
+    assert after.tokens == alone.tokens
+    beside_alone = generate(served, prompts[1:2], [GREEDY], batch=1)[0]
+    assert beside.result().tokens == beside_alone.tokens

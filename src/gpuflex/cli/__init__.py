@@ -13,4 +13,5 @@
 - ``governance``   ``governance propose | vote`` (as a provider node), ``proposals | parameters``
 - ``operator``     ``operator slash`` (the operator's token), ``slashes`` (every verdict, for all)
 - ``demo``         ``demo``: the whole network on this machine
+- ``serve``        ``serve DIR``: a model directory behind an OpenAI-compatible API on this machine
 """

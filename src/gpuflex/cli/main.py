@@ -21,6 +21,7 @@ from gpuflex.cli import (
     operator,
     profile,
     provider,
+    serve,
     sim,
     train,
 )
@@ -61,6 +62,7 @@ app.add_typer(operator.operator_app, name="operator")
 app.command("slashes")(operator.slashes)
 app.command("sim")(sim.sim)
 app.add_typer(data.data_app, name="data")
+app.command("serve")(serve.serve)
 
 
 def main() -> None:

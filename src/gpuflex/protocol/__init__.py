@@ -3,6 +3,7 @@
 - ``spec``      the job spec (YAML), validated strictly: unknown keys are errors
 - ``messages``  every request and response body of the HTTP API
 - ``money``     credits <-> micro-credits, the one conversion used everywhere
+- ``openai``    the OpenAI-compatible inference API's bodies, chunks and error object
 """
 
 from gpuflex.protocol.spec import JobSpec, load_job_spec

@@ -8,9 +8,11 @@ Map of the files (data flows down this list):
 - ``detokenize``   output tokens to streamed text: whole characters only, stop strings never sent
 - ``fingerprint``  TOPLOC-style proofs: each 32 tokens' top-k hidden values as a polynomial, 258 bytes
 - ``verify``       one prefill on the verifier's model checks the fingerprints and the sampling: a ``Finding``
+- ``backend``      what the OpenAI routes need from whatever serves a model; ``LocalBackend``: one engine
 - ``cheats``       dishonest providers (smaller or quantized models, other temperatures, foreign tokens,
                    altered prompts): the tests and the benchmark check that ``verify`` catches each
 
 It imports neither the client, the coordinator, the agent nor the training runtime (an import-linter
-contract): the server task and the gateway's verifier build on it.
+contract): the server task and the gateway's verifier build on it, and the OpenAI routes
+(``gpuflex.coordinator.routes.openai``) serve through ``backend``.
 """

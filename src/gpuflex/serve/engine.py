@@ -18,6 +18,8 @@ Each request's tokens stream as ``Event``s as they are drawn; it ends on an EOS 
 fingerprint per 32 output tokens. A request may carry ``resume``, the tokens a previous server already
 sent: it continues from there, and since each draw depends only on (seed, position) and the logits, with
 exactly the tokens the uninterrupted run would have given; its fingerprints cover the whole output.
+A request nobody reads any more (its client went away) is ``cancel``led: it never joins the batch, or
+its row leaves it at the next step, so its row goes to a request someone waits for.
 
 Batching changes no output: rows are left-padded under an attention mask with their own position ids, so
 each row computes what it would alone up to floating-point reassociation (tested: outputs alone, in one
@@ -40,6 +42,10 @@ from gpuflex.serve.model import ServedModel
 from gpuflex.serve.sampling import SamplingParams, choose
 
 PAD = 0  # the id left padding feeds the model; masked out, so any id would do
+
+
+class Cancelled(Exception):
+    """The request was cancelled (its client went away) before it ended."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,15 @@ class Request:
         if self._stream.stopped:
             raise BadRequest("resume already holds a stop string: that output has ended")
         self._fingerprinter = Fingerprinter()
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Stop generating for this request (its client went away): it is left out of the batch it has
+        not joined yet, or its row leaves the batch at the next step. A listener gets ``Cancelled``. A
+        request that ended stays as it is."""
+        if self.completion is None and not self._cancelled:
+            self._cancelled = True
+            self._fail(Cancelled("the request was cancelled"))
 
     def __iter__(self) -> Iterator[Event]:
         return self.events()
@@ -209,6 +224,9 @@ class Engine:
                     closing = True  # serve what came before it, then stop
                 else:
                     joining.append(request)
+            joining = [request for request in joining if not request._cancelled]
+            if running is None and not joining:
+                continue
             try:
                 with torch.inference_mode():
                     if running is None:
@@ -259,7 +277,7 @@ class _Running:
         """Draw each row's next token; the rows that ended leave; one forward for the rest."""
         logits = self.logits.float().cpu()  # one transfer a step; sampling runs on the CPU
         tokens = [choose(logits[row], r.params, len(r._tokens)) for row, r in enumerate(self.requests)]
-        ended = [r._take(token) for r, token in zip(self.requests, tokens, strict=True)]
+        ended = [r._cancelled or r._take(token) for r, token in zip(self.requests, tokens, strict=True)]
         keep = [row for row, done in enumerate(ended) if not done]
         if len(keep) < self.size:  # the finished rows leave the batch and the cache
             self.requests, tokens = [self.requests[row] for row in keep], [tokens[row] for row in keep]

@@ -7,6 +7,7 @@ The worker, the aggregator and the CLI call it; it imports neither them nor HTTP
 - ``masks``       X25519 key agreement, HKDF seeds, ChaCha20 mask expansion, Shamir shares
 - ``secagg``      one round of secure aggregation: the clients' masking and the aggregator's unmasking
 - ``dp``          client-level DP: L2 clipping, Gaussian noise (whole or split), the RDP accountant's ε
+- ``envelope``    AES-GCM blobs under a per-job data key; the key sealed to leased nodes (HPKE)
 
 Threat model of secure aggregation: the aggregator (honest but curious, or colluding with fewer than
 ``t`` clients... see ``secagg``) learns the sum of the survivors' clipped, quantized inputs and who

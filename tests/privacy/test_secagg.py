@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from gpuflex.errors import BadRequest, Forbidden, SpecError
+from gpuflex.errors import BadRequest, Conflict, Forbidden, SpecError
 from gpuflex.privacy.secagg import Client, SecAggConfig, aggregate, unmask
 
 from .helpers import play, request, setup
@@ -83,13 +83,33 @@ def test_one_masked_vector_is_indistinguishable_from_uniform() -> None:
     assert stats.chisquare(np.bincount(plain >> 24, minlength=256)).pvalue < 1e-3
 
 
-def test_two_dropped_clients_are_recovered_and_one_too_many_fails() -> None:
+@pytest.mark.parametrize("dropped", [{0}, {5}, {1, 4}, {0, 5}])
+def test_dropped_clients_are_recovered(dropped: set[int]) -> None:
     cfg = config(6, t=4)
     inputs = [np.full(10, 0.1 * i) for i in range(6)]
-    total = play(setup(cfg), inputs, dropped={1, 4})
-    assert np.allclose(cfg.encoding.decode_sum(total, 4), 0.1 * (0 + 2 + 3 + 5), atol=1e-6)
-    with pytest.raises(BadRequest, match="fewer than the threshold 4"):
-        play(setup(cfg), inputs, dropped={0, 1, 2})
+    total = play(setup(cfg), inputs, dropped=dropped)
+    expected = sum(0.1 * i for i in range(6) if i not in dropped)
+    assert np.allclose(cfg.encoding.decode_sum(total, 6 - len(dropped)), expected, atol=1e-6)
+
+
+def test_one_drop_too_many_fails_with_a_clear_error() -> None:
+    cfg = config(6, t=4)
+    with pytest.raises(BadRequest, match="refused: 3 survivors, fewer than the threshold 4"):
+        play(setup(cfg), [np.zeros(3)] * 6, dropped={0, 1, 2})  # the survivors refuse to reveal
+    r = setup(cfg)
+    masked = {i: r.clients[i].mask(np.zeros(3)) for i in (3, 4, 5)}
+    with pytest.raises(BadRequest, match="3 masked vectors, fewer than the threshold 4: the round fails"):
+        unmask(cfg, r.public_keys, masked, [])
+
+
+def test_a_client_masks_once_and_only_finite_values() -> None:
+    cfg = config(3)
+    r = setup(cfg)
+    with pytest.raises(BadRequest, match="NaN or infinite"):
+        r.clients[0].mask(np.array([0.0, np.nan]))
+    r.clients[1].mask(np.zeros(2))
+    with pytest.raises(Conflict, match="already masked"):
+        r.clients[1].mask(np.ones(2))
 
 
 def test_too_few_reveals_fail_with_a_clear_error() -> None:

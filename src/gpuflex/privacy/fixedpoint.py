@@ -94,7 +94,10 @@ class FixedPoint:
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         """Each value clipped and rounded to its nearest level: uint32 in ``0 .. levels``."""
-        clipped = np.clip(np.asarray(values, dtype=np.float64), -self.clip, self.clip)
+        values = np.asarray(values, dtype=np.float64)
+        if not np.all(np.isfinite(values)):
+            raise BadRequest("a vector with NaN or infinite values cannot be encoded")
+        clipped = np.clip(values, -self.clip, self.clip)
         return np.rint((clipped + self.clip) / self.step).astype(np.uint32)
 
     def decode_sum(self, total: np.ndarray, count: int) -> np.ndarray:

@@ -104,6 +104,7 @@ class Client:
     _roster: tuple[bytes, ...] = ()
     _held: dict[int, SharesFor] = field(default_factory=dict, repr=False)
     _revealed: dict[int, str] = field(default_factory=dict)  # owner -> "seed" | "key"
+    _masked: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < self.config.n:
@@ -134,8 +135,11 @@ class Client:
         """Step 3: the encoded, masked vector (uint32); uniform noise to anyone without the masks."""
         if not self._roster:
             raise Conflict("a client masks only after the roster's public keys (Client.shares)")
+        if self._masked:  # two inputs under one mask: their difference would show through
+            raise Conflict(f"client {self.index} already masked an input this round")
         cfg = self.config
         out = cfg.encoding.encode(values)
+        self._masked = True
         out += masks.expand(masks.self_mask_key(self.seed, cfg.job_id, cfg.round, self.index), out.size)
         for v, peer in enumerate(self._roster):
             if v == self.index:
@@ -186,11 +190,13 @@ def unmask(
 ) -> np.ndarray:
     """Step 5: the ring sum (uint32) of the survivors' encoded inputs, exactly."""
     survivors = frozenset(masked)
+    if not survivors <= frozenset(range(config.n)):
+        raise BadRequest(f"masked vectors from clients {sorted(survivors)}, not all in a round of {config.n}")
     dropped = frozenset(range(config.n)) - survivors
     t = config.threshold
     if len(survivors) < t:
         raise BadRequest(f"{len(survivors)} masked vectors, fewer than the threshold {t}: the round fails")
-    usable = [r for r in reveals if r.holder in survivors]
+    usable = list({r.holder: r for r in reveals if r.holder in survivors}.values())
     if len({r.holder for r in usable}) < t:
         raise BadRequest(f"shares from {len(usable)} survivors, fewer than the threshold {t}")
     for r in usable:

@@ -67,7 +67,7 @@ def test_sealing_to_nodes() -> None:
     sealed = seal_for_nodes(KEY, {n: public_bytes(k) for n, k in nodes.items()}, "job-1")
     assert all(unseal_key(sealed[n], k, "job-1") == KEY for n, k in nodes.items())
     assert all(KEY not in s for s in sealed.values())
-    with pytest.raises(BadRequest, match="sealed to another node's key"):
+    with pytest.raises(BadRequest, match="sealed job key was sealed to another key"):
         unseal_key(sealed["node-0"], nodes["node-1"], "job-1")
     with pytest.raises(BadRequest, match="sealed for a job other than job-2"):
         unseal_key(sealed["node-0"], nodes["node-0"], "job-2")

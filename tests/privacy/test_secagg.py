@@ -12,7 +12,7 @@ from scipy import stats
 from gpuflex.errors import BadRequest, Conflict, Forbidden, SpecError
 from gpuflex.privacy.secagg import Client, SecAggConfig, aggregate, unmask
 
-from .helpers import play, request, setup
+from .helpers import Round, play, request, setup
 
 
 def config(n: int, t: int | None = None, clip: float = 1.0) -> SecAggConfig:
@@ -171,3 +171,36 @@ def test_seeds_are_bound_to_the_round() -> None:
     later = [Client(other, i, key=c.key, seed=c.seed) for i, c in enumerate(clients)]
     setup(other, later)
     assert not np.array_equal(clients[0].mask(np.zeros(8)), later[0].mask(np.zeros(8)))
+
+
+def test_share_bundles_travel_sealed_to_their_holder() -> None:
+    cfg = config(4)
+    clients = [Client(cfg, i) for i in range(4)]
+    keys = [c.public_key for c in clients]
+    transport = [c.transport_public_key for c in clients]
+    wire = {c.index: c.sealed_shares(keys, transport) for c in clients}  # owner -> holder -> bytes
+    for owner, bundles in wire.items():
+        for holder, sealed in bundles.items():
+            clients[holder].hold_sealed(owner, sealed)
+    r = Round(cfg, clients, keys)
+    inputs = [np.full(5, 0.25)] * 4
+    total = play(r, inputs, dropped={2})
+    assert np.allclose(cfg.encoding.decode_sum(total, 3), 0.75)
+
+
+def test_a_sealed_bundle_opens_only_for_its_holder_and_round() -> None:
+    cfg = config(3)
+    clients = [Client(cfg, i) for i in range(3)]
+    sealed = clients[0].sealed_shares(
+        [c.public_key for c in clients], [c.transport_public_key for c in clients]
+    )
+    with pytest.raises(BadRequest, match="this share bundle from client 0 was sealed to another key"):
+        clients[2].hold_sealed(0, sealed[1])
+    with pytest.raises(
+        BadRequest,
+        match="from client 2 fails its check: tampered, or sealed for another round or holder than client 1",
+    ):
+        clients[1].hold_sealed(2, sealed[1])  # claimed to come from client 2
+    later = Client(SecAggConfig("job-1", 8, 3, 2, 1.0), 1, transport_key=clients[1].transport_key)
+    with pytest.raises(BadRequest, match="tampered"):
+        later.hold_sealed(0, sealed[1])

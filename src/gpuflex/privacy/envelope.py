@@ -7,6 +7,7 @@ each node holding a live lease with HPKE (RFC 9180 base mode: DHKEM(X25519, HKDF
 AES-256-GCM, from ``cryptography``), the job id in its info. The blob store and the coordinator only ever
 hold ciphertexts and sealed keys.
 
+``seal``/``unseal`` are that box for any small secret: secure aggregation's share bundles travel in it.
 Both formats start with a version byte and an 8-byte fingerprint (of the data key, of the recipient's
 public key), so a wrong key is told apart from tampering in the error, at no cost to secrecy.
 """
@@ -71,18 +72,34 @@ def public_bytes(key: X25519PrivateKey | X25519PublicKey) -> bytes:
     return public.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
+def seal(plaintext: bytes, public_key: bytes, info: bytes) -> bytes:
+    """``plaintext`` sealed to a raw X25519 public key; ``info`` binds it to its use (HPKE base mode)."""
+    try:
+        recipient = X25519PublicKey.from_public_bytes(public_key)
+    except ValueError as e:
+        raise BadRequest(f"a sealing key must be a raw X25519 public key: {e}") from None
+    header = bytes([VERSION]) + _fingerprint(b"recipient", public_key)
+    return header + _SUITE.encrypt(plaintext, recipient, info=info + header)
+
+
+def unseal(sealed: bytes, private_key: X25519PrivateKey, info: bytes, what: str, use: str) -> bytes:
+    """What ``seal`` sealed to ``private_key``'s public key for ``info``; errors name ``what`` and ``use``."""
+    fingerprint, body = _split(sealed, what, 32 + 16)
+    if fingerprint != _fingerprint(b"recipient", public_bytes(private_key)):
+        raise BadRequest(f"this {what} was sealed to another key")
+    try:
+        return _SUITE.decrypt(body, private_key, info=info + sealed[:_HEADER])
+    except InvalidTag:
+        raise BadRequest(f"{what} fails its check: tampered, or sealed {use}") from None
+
+
 def _info(job_id: str) -> bytes:
     return b"gpuflex/job-key/" + job_id.encode()
 
 
 def seal_key(data_key: bytes, node_public_key: bytes, job_id: str) -> bytes:
     """``data_key`` sealed to one node's X25519 public key, for ``job_id`` only."""
-    try:
-        recipient = X25519PublicKey.from_public_bytes(node_public_key)
-    except ValueError as e:
-        raise BadRequest(f"a node's sealing key must be a raw X25519 public key: {e}") from None
-    header = bytes([VERSION]) + _fingerprint(b"node", node_public_key)
-    return header + _SUITE.encrypt(data_key, recipient, info=_info(job_id) + header)
+    return seal(data_key, node_public_key, _info(job_id))
 
 
 def seal_for_nodes(data_key: bytes, node_keys: dict[str, bytes], job_id: str) -> dict[str, bytes]:
@@ -91,12 +108,4 @@ def seal_for_nodes(data_key: bytes, node_keys: dict[str, bytes], job_id: str) ->
 
 
 def unseal_key(sealed: bytes, node_private_key: X25519PrivateKey, job_id: str) -> bytes:
-    fingerprint, body = _split(sealed, "sealed key", 32 + 16)
-    if fingerprint != _fingerprint(b"node", public_bytes(node_private_key)):
-        raise BadRequest("this job key was sealed to another node's key")
-    try:
-        return _SUITE.decrypt(body, node_private_key, info=_info(job_id) + sealed[:_HEADER])
-    except InvalidTag:
-        raise BadRequest(
-            f"sealed job key fails its check: tampered, or sealed for a job other than {job_id}"
-        ) from None
+    return unseal(sealed, node_private_key, _info(job_id), "sealed job key", f"for a job other than {job_id}")

@@ -71,7 +71,7 @@ def self_mask_key(seed: bytes, job_id: str, round_: int, u: int) -> bytes:
 def expand(key: bytes, length: int) -> np.ndarray:
     """``length`` uint32 values of ChaCha20's keystream under ``key`` (a fresh key per use: zero nonce)."""
     stream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor().update(bytes(4 * length))
-    return np.frombuffer(stream, dtype="<u4").astype(np.uint32)
+    return np.frombuffer(stream, dtype="<u4").astype(np.uint32, copy=False)
 
 
 def split(secret: bytes, threshold: int, n: int) -> list[list[Share]]:

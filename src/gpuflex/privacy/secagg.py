@@ -5,7 +5,9 @@ party. Clients are the indices ``0 .. n-1`` of the round's roster.
 
 1. Each client makes a fresh X25519 key pair; the public keys are broadcast (``Client.public_key``).
 2. Each client Shamir-shares (threshold ``t``) its self-mask seed and its private key, one bundle per
-   holder (``Client.shares``); the bundles travel sealed to their holder (``Client.hold``).
+   holder (``Client.shares``), sealed to the holder's transport key, a second X25519 key of the round, so
+   that rebuilding a dropped client's masking key opens none of the bundles meant for it
+   (``Client.sealed_shares``, ``Client.hold_sealed``); the aggregator only forwards them.
 3. Each client sends ``masked = encode(x) + PRG(seed) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)``
    mod 2^32 (``Client.mask``). Clients that send nothing are the round's dropped clients.
 4. The aggregator asks the survivors to reveal, for each survivor, its seed share and, for each dropped
@@ -21,6 +23,7 @@ of survivors can never both be declared, so no split view reveals a client's see
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,7 +31,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from gpuflex.errors import BadRequest, Conflict, Forbidden, SpecError
-from gpuflex.privacy import masks
+from gpuflex.privacy import envelope, masks
 from gpuflex.privacy.fixedpoint import FixedPoint
 from gpuflex.privacy.masks import Share
 
@@ -101,6 +104,7 @@ class Client:
     # fresh and random unless a test or a drill fixes them
     key: X25519PrivateKey = field(default_factory=masks.new_private_key, repr=False)
     seed: bytes = field(default_factory=lambda: os.urandom(masks.SEED_BYTES), repr=False)
+    transport_key: X25519PrivateKey = field(default_factory=masks.new_private_key, repr=False)
     _roster: tuple[bytes, ...] = ()
     _held: dict[int, SharesFor] = field(default_factory=dict, repr=False)
     _revealed: dict[int, str] = field(default_factory=dict)  # owner -> "seed" | "key"
@@ -125,6 +129,31 @@ class Client:
         seed = masks.split(self.seed, t, n)
         key = masks.split(masks.private_bytes(self.key), t, n)
         return [SharesFor(self.index, h, seed[h], key[h]) for h in range(n)]
+
+    @property
+    def transport_public_key(self) -> bytes:
+        return masks.public_bytes(self.transport_key)
+
+    def sealed_shares(
+        self, public_keys: Sequence[bytes], transport_keys: Sequence[bytes]
+    ) -> dict[int, bytes]:
+        """Step 2 as it goes on the wire: each holder's bundle sealed to its transport key."""
+        if len(transport_keys) != self.config.n:
+            raise BadRequest(f"the roster needs {self.config.n} transport keys, got {len(transport_keys)}")
+        return {
+            b.holder: envelope.seal(
+                _pack(b), transport_keys[b.holder], _bundle_info(self.config, b.owner, b.holder)
+            )
+            for b in self.shares(public_keys)
+        }
+
+    def hold_sealed(self, owner: int, sealed: bytes) -> None:
+        info = _bundle_info(self.config, owner, self.index)
+        what, use = (
+            f"share bundle from client {owner}",
+            f"for another round or holder than client {self.index}",
+        )
+        self.hold(_unpack(envelope.unseal(sealed, self.transport_key, info, what, use), owner, self.index))
 
     def hold(self, bundle: SharesFor) -> None:
         if bundle.holder != self.index or not 0 <= bundle.owner < self.config.n:
@@ -180,6 +209,27 @@ class Client:
             seeds={u: self._held[u].seed for u in request.survivors},
             keys={u: self._held[u].key for u in request.dropped},
         )
+
+
+def _bundle_info(config: SecAggConfig, owner: int, holder: int) -> bytes:
+    job = config.job_id.encode()
+    return b"gpuflex/secagg/shares" + struct.pack(
+        f">I{len(job)}sQII", len(job), job, config.round, owner, holder
+    )
+
+
+def _pack(bundle: SharesFor) -> bytes:
+    shares = [*bundle.seed, *bundle.key]
+    head = struct.pack(">IIBB", bundle.owner, bundle.holder, len(bundle.seed), len(bundle.key))
+    return head + b"".join(struct.pack(">I16s", x, y) for x, y in shares)
+
+
+def _unpack(data: bytes, owner: int, holder: int) -> SharesFor:
+    got_owner, got_holder, n_seed, n_key = struct.unpack_from(">IIBB", data)
+    if (got_owner, got_holder) != (owner, holder) or len(data) != 10 + 20 * (n_seed + n_key):
+        raise BadRequest(f"a share bundle that is not client {owner}'s for client {holder}")
+    shares = [struct.unpack_from(">I16s", data, 10 + 20 * i) for i in range(n_seed + n_key)]
+    return SharesFor(owner, holder, shares[:n_seed], shares[n_seed:])
 
 
 def unmask(

@@ -110,6 +110,8 @@ def test_a_client_masks_once_and_only_finite_values() -> None:
     r.clients[1].mask(np.zeros(2))
     with pytest.raises(Conflict, match="already masked"):
         r.clients[1].mask(np.ones(2))
+    with pytest.raises(Conflict, match="already shared"):
+        r.clients[1].shares(r.public_keys)
 
 
 def test_too_few_reveals_fail_with_a_clear_error() -> None:

@@ -16,8 +16,12 @@ party. Clients are the indices ``0 .. n-1`` of the round's roster.
 5. ``unmask`` removes the survivors' self masks and the dropped clients' leftover pairwise masks:
    what remains is the exact ring sum of the survivors' encoded inputs, and nothing else.
 
-A round survives up to ``n - t`` clients that drop after step 2; with ``t > n/2`` two disjoint sets
-of survivors can never both be declared, so no split view reveals a client's seed and key.
+The roster is the clients whose keys and shares all arrived: one that drops before its shares reach
+every holder leaves the round unfinishable, and the network layer starts the round again without it
+(``Client.reveal`` says whose shares it lacks). A round survives up to ``n - t`` clients that drop
+after step 2. With ``t > n/2`` an aggregator that tells some holders a client survived and others that
+it dropped cannot gather ``t`` seed shares and ``t`` key shares of it: each honest holder answers one
+kind per client, and ``2t > n``.
 """
 
 from __future__ import annotations
@@ -124,6 +128,8 @@ class Client:
             raise BadRequest(f"the roster needs {self.config.n} distinct public keys, got {len(public_keys)}")
         if public_keys[self.index] != self.public_key:
             raise BadRequest(f"the roster's key for client {self.index} is not this client's")
+        if self._roster:  # a second sharing would hand holders points of two polynomials
+            raise Conflict(f"client {self.index} already shared its secrets this round")
         self._roster = tuple(public_keys)
         t, n = self.config.threshold, self.config.n
         seed = masks.split(self.seed, t, n)

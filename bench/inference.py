@@ -351,33 +351,9 @@ def audit_honest(provider: ServedModel, verifier: ServedModel, asks: list[Ask]) 
             completions, wall = serve(
                 provider, prompts, [a.params for a in chunk], batch=batch, threads=threads
             )
-        torch.set_num_threads(verifier_threads)
-        started = time.perf_counter()
-        findings = [
-            verify(
-                verifier,
-                a.ids(verifier),
-                list(c.tokens),
-                replace(a.params, seed=c.params.seed),
-                c.fingerprints,
-            )
-            for a, c in zip(chunk, completions, strict=True)
-        ]
-        verify_s = time.perf_counter() - started
+        findings, verify_s = verify_each(verifier, chunk, completions, verifier_threads)
         # the cost pass: the same outputs verified again on COST_THREADS threads, timed (and judged alike)
-        torch.set_num_threads(COST_THREADS)
-        started = time.perf_counter()
-        again = [
-            verify(
-                verifier,
-                a.ids(verifier),
-                list(c.tokens),
-                replace(a.params, seed=c.params.seed),
-                c.fingerprints,
-            )
-            for a, c in zip(chunk, completions, strict=True)
-        ]
-        cost_s = time.perf_counter() - started
+        again, cost_s = verify_each(verifier, chunk, completions, COST_THREADS)
         tally.disagreements += sum(f.ok != g.ok for f, g in zip(findings, again, strict=True))
         tally.requests += len(chunk)
         tally.generate_s += wall
@@ -471,6 +447,21 @@ def cheat(
         return tokens, [c.fingerprints for c in honest], honest
     fingerprints = [cheats.refingerprint(provider, p, t) for p, t in zip(prompts, tokens, strict=True)]
     return tokens, fingerprints, honest
+
+
+def verify_each(
+    verifier: ServedModel, asks: list[Ask], completions: list, threads: int
+) -> tuple[list[Finding], float]:
+    """Every output verified on ``threads`` torch threads, and the seconds it took."""
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    findings = [
+        verify(
+            verifier, a.ids(verifier), list(c.tokens), replace(a.params, seed=c.params.seed), c.fingerprints
+        )
+        for a, c in zip(asks, completions, strict=True)
+    ]
+    return findings, time.perf_counter() - started
 
 
 def audit_cheats(

@@ -29,12 +29,12 @@ overlap) with that slow worker. ``hetero_slowdown`` is the slow run's wall time 
 the equal run's; the target is the loss both reach (the worse of their two final losses).
 
 ``--quick`` runs one seed of 200 steps and only ``QUICK_CONFIGS``: both DDP baselines, each optimizer's
-``int2`` and ``int2-overlap`` and the heterogeneous case (9 runs; all 12 configs and the 3
-heterogeneous runs would not fit its 6 minutes on 2 cores). ``--configs`` picks configs by name
-(``hetero`` is the heterogeneous case), ``--seeds`` the seeds: the results of a run are merged into its
-results file when that file was written with the same settings (a run of the same config and seed
-replaces the earlier one; ``--fresh`` starts over), and the file is written after every seed, so a
-long run can be split and resumed.
+``int2`` and ``int2-overlap`` and the heterogeneous case: 9 runs, as many as before Muon's configs
+(about 7 minutes on 2 cores shared with other work; all 12 configs would take about 5 more).
+``--configs`` picks configs by name (``hetero`` is the heterogeneous case), ``--seeds`` the seeds: the
+results of a run are merged into its results file when that file was written with the same settings (a
+run of the same config and seed replaces the earlier one; ``--fresh`` starts over), and the file is
+written after every seed, so a long run can be split and resumed.
 
 It writes ``bench/results/diloco_vs_ddp[-CORPUS][-quick].json`` (every run, with its loss curve; CORPUS
 is ``--data``'s directory name when it is not the stdlib) and ``.png`` (loss against bytes per worker,
@@ -44,7 +44,9 @@ and against wall time), and prints one JSON object as its last line.
 each named size (``SIZES``: the model and its token budget), and measures each DiLoCo config's gap
 against its own optimizer's DDP and against the better DDP, beside the M = 4 column of "Scaling Laws for
 DiLoCo" (Table 4). It writes ``bench/results/diloco_sizes[-CORPUS][-quick].json`` and ``.png`` (the gap
-against parameters, on a log axis) and prints its own JSON line last. The sizes' runs meter no link
+against parameters, on a log axis) and prints its own JSON line last: the gaps by optimizer,
+compression and size, whether each falls with size, and each size's parameters and better DDP (``--quick``:
+a third of each size's steps). The sizes' runs meter no link
 (``Link()``): they measure loss, and a throttled all-reduce would only make DDP slower. The workers
 (``gpuflex.train.worker``) and DDP's ranks train on CUDA when the machine has it.
 """
@@ -545,8 +547,8 @@ def merge_hetero(earlier: list[dict[str, Any]], new: list[dict[str, Any]]) -> li
 
 def plot(runs: list[Run], path: Path) -> None:
     """Loss against bytes per worker (the compared configs) and against wall time (all runs), by seed.
-    A colour per config; AdamW's lines solid, Muon's dashed."""
-    from matplotlib import colormaps
+    A colour per variant (ddp, fp32, int8, ...), the same for both optimizers: AdamW's lines solid, Muon's
+    dashed."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -554,15 +556,16 @@ def plot(runs: list[Run], path: Path) -> None:
     FigureCanvasAgg(fig)
     by_bytes, by_time = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     names = list(dict.fromkeys(r.name for r in runs))
-    colours = colormaps["tab20"]
-    for i, name in enumerate(names):
-        dashed = "muon" in name
+    variant = {name: re.sub(r"-(adamw|muon)\b", "", name) for name in names}
+    colours = {v: f"C{i % 10}" for i, v in enumerate(dict.fromkeys(variant.values()))}
+    for name in names:
+        colour = colours[variant[name]]
         for j, run in enumerate(r for r in runs if r.name == name):
             style = {
-                "color": colours(i % 20),
+                "color": colour,
                 "alpha": 0.9 if j == 0 else 0.35,
                 "label": name if j == 0 else None,
-                "linestyle": "--" if dashed else "-",
+                "linestyle": "--" if "-muon" in name else "-",
             }
             points = [(b, t, v) for b, t, v in run.curve if v is not None]
             if not name.startswith("hetero"):

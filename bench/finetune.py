@@ -84,7 +84,7 @@ from gpuflex.train.worker import inner_optimizer, step
 WORKERS = 4
 VOCAB = 2048  # the BPE's vocabulary, and the model's embeddings
 SHARDS_PER_WORKER = 8  # train shards each worker gets: the download share is then a share of many files
-INT8 = next(c for c in CONFIGS if c.name == "diloco-int8")  # compression and outer step of diloco_vs_ddp
+INT8 = next(c for c in CONFIGS if c.name == "diloco-adamw-int8")  # diloco_vs_ddp's compression, outer step
 LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
 BASE_LR = 3e-3  # the base's training: the job spec's default
 FULL_LR = 1e-3  # a fine-tune of every weight: a third of that, so a fresh AdamW does not undo the base

@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import re
 import statistics
 import sys
@@ -196,15 +197,20 @@ class Size:
     """A model size for ``--sizes``: the model and its token budget (steps per worker, 32 sequences each).
 
     The CPU sizes widen the default model (2 layers, 4 heads, 64 bytes of context) 2× at a time, which
-    multiplies its parameters by about 4, and give each 1.5× the steps of the one below (tokens scaled
-    with size, though more slowly than compute-optimal training would, to fit 2 cores). The GPU sizes
-    are a start for a sweep on one: their step counts are not measured.
+    multiplies its parameters by about 4, and give each about 1.5× the steps of the one below, in whole
+    rounds (tokens scaled with size, though more slowly than compute-optimal training would, to fit 2
+    cores). The GPU sizes are a start for a sweep on one: their step counts are not measured.
     """
 
     name: str
     model: ModelSpec
     steps: int
     eval_batches: int = 8
+
+    def steps_for(self, quick: bool) -> int:
+        """Its steps, or with ``--quick`` a third of them, in whole rounds of every config's H."""
+        h = math.lcm(*(c.inner_steps for c in BASELINES + CONFIGS))
+        return max(1, round(self.steps / 3 / h)) * h if quick else self.steps
 
     @property
     def params(self) -> int:
@@ -218,7 +224,7 @@ SIZES = {
     for s in (
         Size("0.1M", ModelSpec(n_layer=2, n_head=4, n_embd=64, block_size=64), 300),
         Size("0.4M", ModelSpec(n_layer=2, n_head=4, n_embd=128, block_size=64), 450),
-        Size("1.6M", ModelSpec(n_layer=2, n_head=4, n_embd=256, block_size=64), 675),
+        Size("1.6M", ModelSpec(n_layer=2, n_head=4, n_embd=256, block_size=64), 700),
         Size("20M", ModelSpec(n_layer=6, n_head=8, n_embd=512, block_size=256), 3000, 16),
         Size("50M", ModelSpec(n_layer=12, n_head=8, n_embd=576, block_size=256), 4000, 16),
     )
@@ -323,6 +329,8 @@ def run_baseline(mode: Mode, seed: int, corpus: bytes, config: Config, link: Lin
 
 
 def run_config(mode: Mode, seed: int, corpus: bytes, config: Config, link: Link = LINK) -> Run:
+    # DiLoCo trains rounds × H steps, DDP ``mode.steps``: they must be the same tokens
+    assert mode.steps % config.inner_steps == 0, f"{mode.steps} steps: not whole rounds of {config.name}"
     if config.ddp:
         return run_baseline(mode, seed, corpus, config, link)
     return run_diloco(config.name, spec_for(mode, seed, config), corpus, link=link)
@@ -521,15 +529,19 @@ def results_stem(base: str, data: str, quick: bool) -> str:
 
 def prior_runs(path: Path, settings: dict[str, Any]) -> tuple[list[Run], list[dict[str, Any]]]:
     """The runs (and heterogeneous per-seed results) of an earlier results file with the same
-    settings, to merge this run's into; nothing if there is none or its settings differ."""
+    settings, to merge this run's into; nothing if there is none or its settings differ. In the size
+    sweep's settings, ``sizes`` defines each size: a size defined otherwise drops only its own runs."""
     try:
         earlier = json.loads(path.read_text())
     except (OSError, ValueError):
         return [], []
-    if earlier.get("settings") != json.loads(json.dumps(settings)):
+    now = json.loads(json.dumps(settings))
+    before = earlier.get("settings", {})
+    if {k: v for k, v in before.items() if k != "sizes"} != {k: v for k, v in now.items() if k != "sizes"}:
         print(f"{path.name} has other settings: starting over", flush=True)
         return [], []
-    runs = [Run(**r) for r in earlier.get("runs", [])]
+    kept = {n for n, d in now.get("sizes", {}).items() if before.get("sizes", {}).get(n) == d}
+    runs = [Run(**r) for r in earlier.get("runs", []) if not r.get("size") or r["size"] in kept]
     print(f"merging with the {len(runs)} runs in {path.name}", flush=True)
     return runs, earlier.get("hetero", {}).get("per_seed", [])
 
@@ -766,7 +778,7 @@ def main_sizes(args: argparse.Namespace, corpus: bytes, seeds: tuple[int, ...] |
     for seed in seeds or (0,):
         for name in sizes:
             size = SIZES[name]
-            steps = size.steps // 3 if args.quick else size.steps
+            steps = size.steps_for(args.quick)
             mode = Mode(size.model, steps, (seed,), size.eval_batches, 0, 0.0)
             for config in BASELINES + CONFIGS:
                 if config.name in selected:

@@ -260,3 +260,26 @@ def test_the_overlap_is_set_beside_the_same_config_without_it(bench):
     assert int2["utilization"] == 0.97 and int2["utilization_without"] == 0.8
     assert int2["gap_cost"] == pytest.approx(0.015)
     assert topk["without"] is None and topk["gap_cost"] is None
+
+
+def test_every_size_runs_whole_rounds_so_ddp_and_diloco_see_the_same_tokens(bench):
+    for size in bench.SIZES.values():
+        for quick in (False, True):
+            steps = size.steps_for(quick)
+            assert steps > 0 and all(steps % c.inner_steps == 0 for c in bench.CONFIGS), (size.name, quick)
+    assert bench.SIZES["1.6M"].steps_for(True) == 250  # a third of 700, to the nearest round of 50
+    mode = bench.Mode(bench.MODEL, 225, (0,), 8, 0, 0.0)  # 4.5 rounds: DDP would train 25 steps more
+    with pytest.raises(AssertionError, match="whole rounds"):
+        bench.run_config(mode, 0, b"", bench.BY_NAME["diloco-adamw-int2"])
+
+
+def test_a_size_defined_otherwise_drops_only_its_own_runs(bench, tmp_path):
+    sizes = {"0.1M": {"steps": 300}, "1.6M": {"steps": 675}}
+    settings = {"mode": "quick", "sizes": sizes}
+    earlier = [run(bench, "ddp-adamw", 0, 2.0, "0.1M"), run(bench, "ddp-adamw", 0, 1.9, "1.6M")]
+    path = tmp_path / "sizes.json"
+    path.write_text(json.dumps({"settings": settings, "runs": [bench.asdict(r) for r in earlier]}))
+
+    runs, _ = bench.prior_runs(path, {"mode": "quick", "sizes": {**sizes, "1.6M": {"steps": 700}}})
+    assert [r.size for r in runs] == ["0.1M"]
+    assert bench.prior_runs(path, {"mode": "default", "sizes": sizes}) == ([], [])

@@ -150,11 +150,12 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_completion_chunks(generation, head, body.include_usage), generation)
-        done = await _result(request, generation)
-        if done is None:
-            return Response(status_code=499)  # nobody reads it: the client closed the request
-        choice = o.CompletionChoice(text=done.text, finish_reason=done.finish_reason)
-        return _json(o.Completion(**head, choices=[choice], usage=_usage(done)))
+
+        def whole(done: Completion) -> o.Completion:
+            choice = o.CompletionChoice(text=done.text, finish_reason=done.finish_reason)
+            return o.Completion(**head, choices=[choice], usage=_usage(done))
+
+        return await _answer(request, generation, whole)
 
     @router.post("/chat/completions", openapi_extra=_documented(o.ChatCompletionRequest))
     async def chat_completions(request: Request, served: Served) -> Response:
@@ -168,12 +169,13 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_chat_chunks(generation, head, body.include_usage), generation)
-        done = await _result(request, generation)
-        if done is None:
-            return Response(status_code=499)  # nobody reads it: the client closed the request
-        message = o.ResponseMessage(content=done.text)
-        choice = o.ChatChoice(message=message, finish_reason=done.finish_reason)
-        return _json(o.ChatCompletion(**head, choices=[choice], usage=_usage(done)))
+
+        def whole(done: Completion) -> o.ChatCompletion:
+            message = o.ResponseMessage(content=done.text)
+            choice = o.ChatChoice(message=message, finish_reason=done.finish_reason)
+            return o.ChatCompletion(**head, choices=[choice], usage=_usage(done))
+
+        return await _answer(request, generation, whole)
 
     return router
 
@@ -301,6 +303,16 @@ def _model(card: ModelCard) -> o.Model:
 def _usage(done: Completion) -> o.Usage:
     prompt, output = done.usage.prompt_tokens, done.usage.completion_tokens
     return o.Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output)
+
+
+async def _answer(
+    request: Request, generation: Generation, whole: Callable[[Completion], BaseModel]
+) -> Response:
+    """A non-streamed request's response: ``whole`` of its completion, or 499 if the client left first."""
+    done = await _result(request, generation)
+    if done is None:
+        return Response(status_code=499)  # nobody reads it: the client closed the request
+    return _json(whole(done))
 
 
 def _json(body: BaseModel) -> JSONResponse:

@@ -64,6 +64,7 @@ def test_a_user_submits_over_https_and_agents_and_tasks_verify_the_coordinator(n
     )
     assert created.returncode == 0, created.stderr
     assert gpuflex(tmp_path, "wallet", "deposit", "5").returncode == 0  # no --ca: the profile's
+    assert f"(verified with the CA in {network.tls.ca})" in gpuflex(tmp_path, "whoami").stdout
     spec = small_job(tmp_path / "data", workers=1, rounds=2).model_dump(mode="json", exclude_none=True)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     watched = gpuflex(tmp_path, "submit", str(tmp_path / "job.yaml"), "--watch")

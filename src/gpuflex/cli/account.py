@@ -89,7 +89,8 @@ def whoami(url: Url = None, token: Token = None) -> None:
     me = target.client().me()
     profile = f"{target.profile} ({target.why})" if target.profile else "none (--token / GPUFLEX_TOKEN)"
     console.print(
-        f"account: [bold]{me.name}[/] ({me.account_id})\ncoordinator: {target.url}\nprofile: {profile}\n"
+        f"account: [bold]{me.name}[/] ({me.account_id})\ncoordinator: {target.url}"
+        f"{f' (verified with the CA in {target.ca})' if target.ca else ''}\nprofile: {profile}\n"
         f"balance: {credits(me.balance)} credits",
         highlight=False,
     )

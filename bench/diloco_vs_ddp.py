@@ -60,6 +60,7 @@ import math
 import re
 import statistics
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -79,6 +80,11 @@ LINK = Link(bandwidth_bps=100e6, latency_s=0.05)  # a home line: 100 Mbit/s each
 MAX_GAP = 0.02  # a config qualifies if its validation loss is within 2% of the better DDP's
 SLOWDOWN = 3.0  # the heterogeneous case: one worker this many times slower
 POLL_S = 0.2  # how often tasks poll for a round (the runtime's default)
+# No audits: this compares the training algorithms' traffic, and DDP has no verification. An audit
+# uploads the drawn worker's whole training state (parameters and optimizer moments: 2-5 MB at the
+# default model), which at the network's default audit_rate 0.05 was 55-60% of an int2 worker's bytes
+# over 24 rounds (2026-11-26); bench/verification.py measures what verification costs.
+AUDIT_RATE = 0.0
 RESULTS = Path(__file__).parent / "results"
 HETERO_NAME = "hetero"  # --configs' name for the heterogeneous case
 
@@ -274,6 +280,7 @@ def spec_for(mode: Mode, seed: int, config: Config, **overrides: Any) -> Trainin
         "outer_momentum": config.outer_momentum,
         "overlap": config.overlap,
         "round_timeout_s": 3600,  # a slow worker is waited for unless the rounds are time-budgeted
+        "verification": {"audit_rate": AUDIT_RATE},
     }
     return TrainingSpec(**{**fields, **overrides})
 
@@ -632,23 +639,24 @@ def plot_sizes(summary: dict[str, Any], path: Path) -> None:
 
 
 # -- the runs ---------------------------------------------------------------------------------------
-def run_seed(
-    mode: Mode, seed: int, corpus: bytes, selected: list[str]
-) -> tuple[list[Run], list[dict[str, Any]]]:
-    """The selected configs (and the heterogeneous case if selected), for one seed."""
-    runs = []
+def run_seed(mode: Mode, seed: int, corpus: bytes, selected: list[str]) -> Iterator[tuple[Run, dict | None]]:
+    """The selected configs (and the heterogeneous case if selected), for one seed, each run as it ends;
+    the heterogeneous case's last run comes with its seed's slowdowns."""
     for config in BASELINES + CONFIGS:
         if config.name in selected:
-            runs.append(run_config(mode, seed, corpus, config))
-            _report(runs[-1])
+            run = run_config(mode, seed, corpus, config)
+            _report(run)
+            yield run, None
     if HETERO_NAME not in selected:
-        return runs, []
+        return
     hetero = run_hetero(mode, seed, corpus)
     for run in hetero:
         _report(run)
     slowdowns = {"seed": seed, **hetero_slowdowns(*hetero)}
     print(f"  seed {seed}: heterogeneous {json.dumps(slowdowns)}", flush=True)
-    return runs + hetero, [slowdowns]
+    for run in hetero[:-1]:
+        yield run, None
+    yield hetero[-1], slowdowns
 
 
 def _report(run: Run) -> None:
@@ -700,11 +708,13 @@ def main_configs(args: argparse.Namespace, corpus: bytes, seeds: tuple[int, ...]
     settings = _settings(mode, args)
     path = RESULTS / f"{results_stem('diloco_vs_ddp', args.data, args.quick)}.json"
     runs, hetero = prior_runs(path, settings) if not args.fresh else ([], [])
+    summary = _summary(settings, runs, hetero)
     for seed in seeds or mode.seeds:
-        seed_runs, seed_hetero = run_seed(mode, seed, corpus, selected)
-        runs, hetero = merge(runs, seed_runs), merge_hetero(hetero, seed_hetero)
-        summary = _summary(settings, runs, hetero)
-        write_results(path, summary, runs)  # after every seed: a long run that dies keeps what it measured
+        for run, slowdowns in run_seed(mode, seed, corpus, selected):
+            runs = merge(runs, [run])
+            hetero = merge_hetero(hetero, [slowdowns]) if slowdowns else hetero
+            summary = _summary(settings, runs, hetero)
+            write_results(path, summary, runs)  # after every run: a long one cut short keeps what it measured
     return summary
 
 
@@ -728,6 +738,7 @@ def _settings(mode: Mode, args: argparse.Namespace) -> dict[str, Any]:
         "model": mode.model.model_dump(),
         "steps_per_worker": mode.steps,
         "eval_batches": mode.eval_batches,
+        "audit_rate": AUDIT_RATE,
         "baselines": _described(BASELINES),
         "configs": _described(CONFIGS),  # DiLoCo's only (gpuflex.sim.bandwidth reads them)
         "hetero": {
@@ -769,6 +780,7 @@ def main_sizes(args: argparse.Namespace, corpus: bytes, seeds: tuple[int, ...] |
         "data": args.data,
         "workers": WORKERS,
         "link": {"bandwidth_bps": SIZE_LINK.bandwidth_bps, "latency_s": SIZE_LINK.latency_s},
+        "audit_rate": AUDIT_RATE,
         "sizes": {s.name: asdict(s) | {"model": s.model.model_dump()} for s in SIZES.values()},
         "baselines": _described(BASELINES),
         "configs": _described(CONFIGS),

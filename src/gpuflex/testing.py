@@ -334,7 +334,7 @@ def _lease_problems(session) -> list[str]:
 def _round_problems(session) -> list[str]:
 
     problems = []
-    for job in session.scalars(select(Job)):
+    for job in session.scalars(select(Job).where(Job.kind == "training")):  # deployments have no rounds
         published = list(
             session.scalars(select(Round.round).where(Round.job_id == job.id).order_by(Round.round))
         )

@@ -155,9 +155,11 @@ class Agent:
         if ack.work:
             self.work.set()
 
-    def _task_config(self, grant: m.LeaseGrant) -> m.TaskConfig:
+    def _task_config(self, grant: m.LeaseGrant) -> m.TaskConfig | m.ServerConfig:
         """The task as leased; a worker of a (testing-only) cheating agent plays its adversary."""
-        if self.config.adversary is None or grant.role != "worker":
+        if self.config.adversary is None or not isinstance(grant.task, m.TaskConfig):
+            return grant.task
+        if grant.task.role != "worker":
             return grant.task
         log.warning("TESTING ONLY: worker task %s plays adversary %r", grant.task_id, self.config.adversary)
         return grant.task.model_copy(update={"adversary": self.config.adversary})
@@ -185,13 +187,7 @@ class Agent:
             shared=[self.cache.root],
         )
         self.task = RunningTask(grant, process)
-        log.info(
-            "leased %s %s of job %s (epoch %d)",
-            grant.role,
-            grant.task.worker_index,
-            grant.job_id,
-            grant.epoch,
-        )
+        log.info("leased %s task %s of %s (epoch %d)", grant.role, grant.task_id, grant.job_id, grant.epoch)
 
     def _watch_task(self) -> None:
         """Report a task that ended; stop one whose lease the coordinator revoked (no report due)."""

@@ -81,9 +81,13 @@ class Nonce(Base):
 
 
 class Job(Base):
+    """A consumer's work: a training job, or a deployment (its sibling: the same placement, leases,
+    metering and settlement; ``spec`` is a ``JobSpec`` or a ``DeploymentSpec`` by ``kind``)."""
+
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="training", server_default="training")
     name: Mapped[str] = mapped_column(String(100))
     spec: Mapped[dict] = mapped_column(JSON)
     dataset: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -24,6 +24,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from gpuflex.protocol.deployment import MAX_REPLICAS, DeployedModel, DeploymentSpec
 from gpuflex.protocol.spec import JobSpec, TrainingSpec
 
 API_VERSION = "v1"
@@ -31,7 +32,8 @@ API_VERSION = "v1"
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256 of a blob")]
 NodeKind = Literal["core", "community"]
 JobState = Literal["pending", "scheduled", "running", "completed", "failed", "cancelled"]
-TaskRole = Literal["aggregator", "worker"]
+TrainingRole = Literal["aggregator", "worker"]
+TaskRole = Literal["aggregator", "worker", "server"]  # server: a deployment's replica
 # unplaced: the job ended before the task ever held a lease (it never ran; ``placement`` says why)
 TaskState = Literal["pending", "leased", "completed", "failed", "cancelled", "unplaced"]
 LeaseOutcome = Literal["completed", "failed", "released"]
@@ -156,7 +158,7 @@ class TaskConfig(Message):
 
     job_id: str
     task_id: str
-    role: TaskRole
+    role: TrainingRole
     worker_index: int
     num_workers: int
     training: TrainingSpec
@@ -170,6 +172,18 @@ class TaskConfig(Message):
     )
 
 
+class ServerConfig(Message):
+    """What a server task (a deployment's replica) needs: the model it serves and its limits."""
+
+    job_id: str = Field(description="the deployment's id")
+    task_id: str
+    role: Literal["server"] = "server"
+    replica: int
+    model: DeployedModel
+    context: int
+    max_batch: int
+
+
 class LeaseGrant(Message):
     lease_id: str
     task_id: str
@@ -178,7 +192,7 @@ class LeaseGrant(Message):
     epoch: int
     expires_at: datetime
     task_token: str = Field(description="a bearer token scoped to this lease, for the task subprocess")
-    task: TaskConfig
+    task: Annotated[TaskConfig | ServerConfig, Field(discriminator="role")]
 
 
 class LeaseReport(Message):
@@ -352,6 +366,36 @@ class Quote(Message):
 class JobEvent(Message):
     at: datetime
     message: str
+
+
+# -- deployments (a job row of kind deployment: server replicas, no rounds) ---------------------------
+
+
+class DeploymentCreate(Message):
+    spec: DeploymentSpec
+
+
+class DeploymentScale(Message):
+    replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+
+
+class DeploymentInfo(Message):
+    id: str
+    name: str
+    state: JobState
+    created_at: datetime
+    model: str = Field(description="what it serves: `job j-… (checkpoint …)`, or an uploaded directory")
+    replicas: int = Field(description="replicas asked for now (`scale` changes it)")
+    live_replicas: int = Field(description="replicas holding a live lease")
+    budget: float
+    spent: float
+    reason: str = ""
+
+
+class DeploymentDetail(DeploymentInfo):
+    spec: DeploymentSpec
+    tasks: list[TaskInfo]
+    costs: list[NodeCost]
 
 
 # -- the task subprocess (bearer: the lease's task token) ----------------------------------

@@ -21,8 +21,8 @@ from gpuflex.errors import Conflict, Forbidden, NotFound, Unauthorized
 from gpuflex.ledger.metering import lease_cost_micro
 from gpuflex.market.liveness import Liveness, lease_expires_at
 from gpuflex.market.pricing import lease_price
-from gpuflex.protocol.messages import LeaseGrant, LeaseHeld, LeaseReport, TaskConfig
-from gpuflex.protocol.spec import JobSpec
+from gpuflex.protocol.deployment import DeploymentSpec
+from gpuflex.protocol.messages import LeaseGrant, LeaseHeld, LeaseReport, ServerConfig, TaskConfig
 
 
 def metered_cost(lease: Lease, now: float) -> int:
@@ -136,7 +136,7 @@ def _claim(session: Session, tasks: Sequence[Row]) -> dict[str, int]:
     return dict(session.connection().execute(_CLAIM, {"as_read": as_read}).all())
 
 
-def _start_jobs(session: Session, tasks: Iterable[Row]) -> dict[str, JobSpec]:
+def _start_jobs(session: Session, tasks: Iterable[Row]) -> dict[str, specs.Spec]:
     """The specs of the jobs of the tasks being leased (read only for a job this process has not seen);
     each job now runs."""
     states = {task.job_id: task.job_state for task in tasks}
@@ -144,16 +144,16 @@ def _start_jobs(session: Session, tasks: Iterable[Row]) -> dict[str, JobSpec]:
         session.execute(_RUN, {"jobs": starting})
     found = {job_id: spec for job_id in states if (spec := specs.SPECS.get(job_id)) is not None}
     if unseen := sorted(states.keys() - found.keys()):
-        found |= {job.id: specs.of(job) for job in session.execute(_SPECS, {"jobs": unseen})}
+        found |= {job.id: specs.load(job) for job in session.execute(_SPECS, {"jobs": unseen})}
     return found
 
 
 _RUN = update(Job).where(Job.id.in_(bindparam("jobs", expanding=True))).values(state="running")
-_SPECS = select(Job.id, Job.spec).where(Job.id.in_(bindparam("jobs", expanding=True)))
+_SPECS = select(Job.id, Job.spec, Job.kind).where(Job.id.in_(bindparam("jobs", expanding=True)))
 
 
 def _lease(
-    node: Row, task: Row, epoch: int, spec: JobSpec, now: float, expires_at: float
+    node: Row, task: Row, epoch: int, spec: specs.Spec, now: float, expires_at: float
 ) -> tuple[dict, LeaseGrant]:
     """The row of a claimed task's lease (``task`` a row of ``_PLACED``), and its grant with the task token
     only its holder learns."""
@@ -172,7 +172,31 @@ def _lease(
         "price_micro": _price_micro(task, node),
         "cost_micro": 0,
     }
-    config = TaskConfig(
+    grant = LeaseGrant(
+        lease_id=lease["id"],
+        task_id=task.id,
+        job_id=task.job_id,
+        role=task.role,
+        epoch=epoch,
+        expires_at=expires_at,
+        task_token=token,
+        task=_task_config(task, spec),
+    )
+    return lease, grant
+
+
+def _task_config(task: Row, spec: specs.Spec) -> TaskConfig | ServerConfig:
+    """What the task's process is handed: a training task's config, or a deployment replica's."""
+    if isinstance(spec, DeploymentSpec):
+        return ServerConfig(
+            job_id=task.job_id,
+            task_id=task.id,
+            replica=task.index,
+            model=spec.model,
+            context=spec.context,
+            max_batch=spec.max_batch,
+        )
+    return TaskConfig(
         job_id=task.job_id,
         task_id=task.id,
         role=task.role,
@@ -183,17 +207,6 @@ def _lease(
         prepared=spec.data.prepared is not None,
         recipe_code=task.recipe_code,
     )
-    grant = LeaseGrant(
-        lease_id=lease["id"],
-        task_id=task.id,
-        job_id=task.job_id,
-        role=task.role,
-        epoch=epoch,
-        expires_at=expires_at,
-        task_token=token,
-        task=config,
-    )
-    return lease, grant
 
 
 _RENEW = (
@@ -302,6 +315,15 @@ def end_by_verdict(session: Session, task_id: str, node_id: str, now: float) -> 
         _end(lease, "excluded", now)
         _return_task(session, lease, now, "was found cheating")
     return ended[0] if ended else None
+
+
+def cancel_task(session: Session, task: Task, now: float) -> None:
+    """Cancel one task of a job that goes on (a deployment scaled down): its live lease, if any, ends now
+    (the holder learns it on its next heartbeat) and the task is never placed again."""
+    for lease in _live(session, Lease.task_id == task.id):
+        _end(lease, "completed", now)
+    task.state = "cancelled"
+    _event(session, task.job_id, now, f"{task.role} {task.index} cancelled")
 
 
 def end_for_job(session: Session, job: Job, now: float, task_state: str) -> None:

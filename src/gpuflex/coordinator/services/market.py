@@ -236,11 +236,13 @@ def _place_job_tasks(
     ``held``: the nodes that take no new task, and why (busy ones, which this marks as it places);
     ``barred``: the nodes a verdict barred from this job, as good as busy for it; ``core_already``:
     the job's workers on core nodes, which count toward its core quota."""
-    spec = specs.of(job)
+    spec = specs.load(job)
     req = Requirements.from_spec(spec)
-    workers = [t for t in tasks if t.role == "worker"]
+    # a deployment's server replicas are placed as workers are, with no aggregator
+    workers = [t for t in tasks if t.role != "aggregator"]
     aggregators = [t for t in tasks if t.role == "aggregator"]
-    before = spec.resources.workers - len(workers)  # placed or leased already
+    # placed or leased already (none counted for a deployment scaled up past its first replicas)
+    before = max(req.workers - len(workers), 0)
     clearing = None if job.clearing_price_micro is None else to_credits(job.clearing_price_micro)
     decision = place_job(
         req,

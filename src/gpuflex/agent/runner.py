@@ -33,7 +33,11 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
     agent = os.getppid()  # if the agent dies (kill -9), nobody supervises or renews us: stop too
     config = TaskConfig.model_validate_json(Path(argv[0]).read_text())
-    client = TaskClient(os.environ["GPUFLEX_COORDINATOR_URL"], os.environ["GPUFLEX_TASK_TOKEN"])
+    client = TaskClient(
+        os.environ["GPUFLEX_COORDINATOR_URL"],
+        os.environ["GPUFLEX_TASK_TOKEN"],
+        ca=os.environ.get("GPUFLEX_CA"),
+    )
     min_step_s = float(os.environ.get("GPUFLEX_TASK_MIN_STEP_S", "0"))
     cache = None  # the agent's shard cache, shared by its tasks: shards and model files go there
     if cache_dir := os.environ.get("GPUFLEX_SHARD_CACHE"):

@@ -22,10 +22,11 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     WithJsonSchema,
+    model_validator,
 )
 
 from gpuflex.protocol.deployment import MAX_REPLICAS, DeployedModel, DeploymentSpec
-from gpuflex.protocol.spec import JobSpec, TrainingSpec
+from gpuflex.protocol.spec import DATASET_NAME, JobSpec, TrainingSpec
 
 API_VERSION = "v1"
 
@@ -118,6 +119,20 @@ class BenchmarkResult(Message):
     seconds: float = 0.0
 
 
+class PrivateDataset(Message):
+    """A private dataset as its owner's node announces it: its name and size, and the hash of its manifest
+    (which the owner's worker checks its data against). Nothing else of it leaves the owner's machine."""
+
+    name: Annotated[str, Field(pattern=DATASET_NAME)]
+    tokens: Annotated[Count64, Field(ge=1, description="its train split's tokens: its FedAvg weight")]
+    shards: Annotated[int, Field(ge=1, le=1_000_000)]
+    manifest: Sha256
+
+
+MAX_PRIVATE_DATASETS = 64
+AccountName = Annotated[str, Field(min_length=1, max_length=64)]
+
+
 class NodeRegister(Message):
     name: Annotated[str, Field(min_length=1, max_length=64)]
     public_key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="raw Ed25519 public key, hex")]
@@ -130,6 +145,19 @@ class NodeRegister(Message):
     available_hours: Annotated[float, Field(ge=0, le=87_600)] | None = Field(
         None, description="how many more hours the node stays on offer; None: open-ended"
     )
+    private_data: Annotated[list[PrivateDataset], Field(max_length=MAX_PRIVATE_DATASETS)] = Field(
+        default_factory=list, description="private datasets this node trains federated jobs on, by name"
+    )
+    consumers: Annotated[list[AccountName], Field(max_length=1024)] = Field(
+        default_factory=list, description="the accounts whose federated jobs may use its private data"
+    )
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> NodeRegister:
+        names = [d.name for d in self.private_data]
+        if len(set(names)) != len(names):
+            raise ValueError("private_data names a dataset twice")
+        return self
 
 
 class NodeRegistered(Message):
@@ -167,6 +195,15 @@ class TaskConfig(Message):
         False, description="dataset is a prepared dataset's manifest: the task fetches the shards it needs"
     )
     recipe_code: Sha256 | None = Field(None, description="the user recipe's file, with recipe 'user'")
+    federated: str | None = Field(
+        None,
+        description="data.federated: a worker reads this private dataset on its node, whose manifest hashes "
+        "to dataset; the aggregator gets no data",
+    )
+    weights: dict[str, Count64] | None = Field(
+        None,
+        description="a federated job's aggregator: each worker task's FedAvg weight (its owner's tokens)",
+    )
     adversary: str | None = Field(
         None, description="testing only: the gpuflex.train.adversaries kind this worker plays"
     )
@@ -301,9 +338,20 @@ class NodeCost(Message):
     )
 
 
+class FederatedOwner(Message):
+    """A node whose private data a federated job trains on, with the worker task that runs there."""
+
+    node_id: str
+    name: str
+    dataset: str
+    tokens: int
+    task_id: str
+
+
 class JobDetail(JobInfo):
     spec: JobSpec
     tasks: list[TaskInfo]
+    owners: list[FederatedOwner] = Field(default_factory=list, description="data.federated: its owners")
     rounds_log: list[RoundInfo]
     costs: list[NodeCost]
     clearing_price: float | None = Field(

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import ids, leases, ledger, specs, verification
+from gpuflex.coordinator.services import federated, ids, leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.data.fit import check_job
 from gpuflex.data.manifest import parse_manifest
@@ -39,11 +39,17 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
     if msg.spec.training.model.from_ is not None:
         model = msg.spec.training.model
         check_uploaded_model(model.uploaded, model.size, blobs, "training.model.from")
+    spec, owners = msg.spec, None
+    if spec.data.federated is not None:
+        if msg.dataset is not None:
+            raise BadRequest("data.federated: the data stays with its owners; upload no dataset")
+        owners = federated.owners(session, spec, account)
+        spec = federated.with_owners(spec, owners)
     job = Job(
         id=new_id("j"),
         account_id=account.id,
-        name=msg.spec.name,
-        spec=msg.spec.model_dump(mode="json"),
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
         dataset=msg.dataset,
         recipe_code=msg.recipe_code,
         state="pending",
@@ -53,10 +59,13 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         round=-1,
     )
     escrow(session, account, job, now)
-    session.add(Task(id=new_id("t"), job_id=job.id, role="aggregator", index=0, state="pending"))
-    for i in range(msg.spec.resources.workers):
-        session.add(Task(id=new_id("t"), job_id=job.id, role="worker", index=i, state="pending"))
     session.add(JobEvent(job_id=job.id, at=now, message=f"submitted by {account.name}; budget in escrow"))
+    if owners is not None:
+        federated.add_tasks(session, job, owners, now)
+        return job
+    session.add(Task(id=new_id("t"), job_id=job.id, role="aggregator", index=0, state="pending"))
+    for i in range(spec.resources.workers):
+        session.add(Task(id=new_id("t"), job_id=job.id, role="worker", index=i, state="pending"))
     return job
 
 
@@ -257,10 +266,12 @@ def info(session: Session, job: Job, now: float) -> m.JobInfo:
 def detail(session: Session, job: Job, now: float) -> m.JobDetail:
     tasks = session.scalars(select(Task).where(Task.job_id == job.id).order_by(Task.role, Task.index))
     rounds = session.scalars(select(Round).where(Round.job_id == job.id).order_by(Round.round))
+    spec = specs.of(job)
     return m.JobDetail(
         **info(session, job, now).model_dump(),
-        spec=specs.of(job),
+        spec=spec,
         tasks=[task_info(t) for t in tasks],
+        owners=federated.owners_of(session, job, spec),
         rounds_log=[
             m.RoundInfo(
                 round=r.round,

@@ -24,8 +24,9 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, Verdict, refresh_statistics, try_lock
-from gpuflex.coordinator.services import governance, ledger, liveness, registry, specs
+from gpuflex.coordinator.services import federated, governance, ledger, liveness, registry, specs
 from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.errors import BadRequest
 from gpuflex.ledger import accounts
 from gpuflex.market import quotes, reputation
 from gpuflex.market.index import OfferIndex
@@ -155,6 +156,11 @@ def quote(
 ) -> m.Quote:
     """What ``spec`` would cost and take on the online nodes, placed as the market would now; when it
     cannot be placed, why, node by node."""
+    if spec.data.federated is not None:
+        raise BadRequest(
+            "a federated job is not quoted: it runs on its data's owners, whoever they are when it is "
+            "submitted (`gpuflex job show` lists them)"
+        )
     offers, held = _offers(session, settings, now, heartbeat_interval_s)
     return m.Quote.model_validate(asdict(quotes.quote(spec, offers, held)))
 
@@ -237,6 +243,8 @@ def _place_job_tasks(
     ``barred``: the nodes a verdict barred from this job, as good as busy for it; ``core_already``:
     the job's workers on core nodes, which count toward its core quota."""
     spec = specs.load(job)
+    if isinstance(spec, JobSpec) and spec.data.federated is not None:
+        return federated.place(session, job, spec, tasks, index.offers, held, barred, now)
     req = Requirements.from_spec(spec)
     # a deployment's server replicas are placed as workers are, with no aggregator
     workers = [t for t in tasks if t.role != "aggregator"]

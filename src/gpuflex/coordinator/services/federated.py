@@ -1,0 +1,172 @@
+"""Federated jobs in the database: their owners at submit, their workers tied to them, and their view.
+
+A job with ``data.federated: NAME`` gets, at submit, one worker task per online owner of NAME that admits
+the job's account (``market.federated.choose_owners``; the job's log keeps why each node was or was not
+used), and its spec's ``resources.workers`` becomes that count. Each worker task carries its owner's
+node (``home_node_id``), the manifest hash its owner announced (``owner_dataset``: the worker checks its
+local data against it) and the owner's train tokens (``owner_tokens``: its FedAvg weight, which the
+aggregator's config carries). Placement puts such a task on its owner only; a lost owner's task waits
+for it while the rounds go on with the others (``resources.min_workers``). Nothing of the data itself is
+ever here: only names, counts and hashes.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuflex.coordinator.db import Account, Job, JobEvent, Node, Task, new_id
+from gpuflex.coordinator.services import registry
+from gpuflex.errors import BadRequest
+from gpuflex.market.federated import (
+    OfferedDataset,
+    OwnerNode,
+    Owners,
+    choose_owners,
+    home_reason,
+    waiting_reason,
+)
+from gpuflex.market.matching import NodeOffer, Requirements, place_aggregator
+from gpuflex.market.waiting import Held, busy_with
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.spec import JobSpec
+
+
+def owner_node(node: Node) -> OwnerNode:
+    return OwnerNode(
+        node_id=node.id,
+        name=node.name,
+        datasets=tuple(OfferedDataset(**d) for d in node.private_data or []),
+        consumers=frozenset(node.consumers or []),
+    )
+
+
+def owners(session: Session, spec: JobSpec, account: Account) -> Owners:
+    """The online owners ``spec``'s job would train on; BadRequest when it has none, or fewer than its
+    ``resources.min_workers``."""
+    assert spec.data.federated is not None, "only a federated job has owners"
+    found = choose_owners(
+        spec.data.federated, account.name, [owner_node(n) for n in registry.online(session)]
+    )
+    need = spec.resources.min_workers
+    if need is not None and need > len(found.used):
+        raise BadRequest(
+            f"data.federated: resources.min_workers is {need}, and only {len(found.used)} online owner(s) of "
+            f"{spec.data.federated!r} admit account {account.name!r}"
+        )
+    return found
+
+
+def with_owners(spec: JobSpec, found: Owners) -> JobSpec:
+    """``spec`` as the job runs it: one worker per owner (``resources.workers`` is ignored)."""
+    resources = spec.resources.model_copy(update={"workers": len(found.used)})
+    return spec.model_copy(update={"resources": resources})
+
+
+def add_tasks(session: Session, job: Job, found: Owners, now: float) -> None:
+    """The job's aggregator and one worker per owner, tied to it; the log says why each node was used or
+    not."""
+    session.add(Task(id=new_id("t"), job_id=job.id, role="aggregator", index=0, state="pending"))
+    for i, owner in enumerate(found.used):
+        session.add(
+            Task(
+                id=new_id("t"),
+                job_id=job.id,
+                role="worker",
+                index=i,
+                state="pending",
+                home_node_id=owner.node_id,
+                owner_dataset=owner.dataset.manifest,
+                owner_tokens=owner.dataset.tokens,
+            )
+        )
+    for reason in found.reasons:
+        session.add(JobEvent(job_id=job.id, at=now, message=f"owner {reason}"))
+
+
+def place(
+    session: Session,
+    job: Job,
+    spec: JobSpec,
+    tasks: list[Task],
+    offers: list[NodeOffer],
+    held: dict[str, Held],
+    barred: set[str],
+    now: float,
+) -> int:
+    """Place the aggregator on a core node and each worker on its owner, if free (not ``held``, nor
+    ``barred`` from this job); until the job has started, only once its aggregator and ``min_workers``
+    workers can go together. Marks the nodes it places on in ``held``; returns how many were placed; each
+    task left waits with why."""
+    req = Requirements.from_spec(spec)
+    online = {o.node_id: o for o in offers}
+    workers = [t for t in tasks if t.role == "worker"]
+    aggregators = [t for t in tasks if t.role == "aggregator"]
+    homes = {t.home_node_id for t in workers}
+    chosen: list[tuple[Task, str, str]] = []
+    if (
+        aggregators
+        and (agg := place_aggregator(req, offers, exclude=held.keys() | barred | homes)) is not None
+    ):
+        chosen.append((aggregators[0], agg.node_id, agg.reason))
+    waits: list[tuple[Task, str]] = []
+    for task in workers:
+        node = online.get(task.home_node_id or "")
+        name = node.name if node is not None else task.home_node_id or "?"
+        if node is None:
+            waits.append((task, waiting_reason(name, "not online")))
+        elif task.home_node_id in barred:
+            waits.append((task, waiting_reason(name, "barred from this job by a guilty verdict")))
+        elif task.home_node_id in held:
+            waits.append((task, waiting_reason(name, held[task.home_node_id].reason)))
+        else:
+            reason = home_reason(name, spec.data.federated or "", task.owner_tokens or 0)
+            chosen.append((task, node.node_id, reason))
+    placed_workers = sum(t.role == "worker" for t, _, _ in chosen)
+    before = req.workers - len(workers)
+    if job.state == "pending" and (
+        (aggregators and not any(t.role == "aggregator" for t, _, _ in chosen))
+        or before + placed_workers < req.start_workers
+    ):
+        waits += [(t, "waits: the job starts once its aggregator and min_workers owners can run together")
+                  for t, _, _ in chosen]  # fmt: skip
+        chosen = []
+    for task, node_id, reason in chosen:
+        task.node_id, task.placement = node_id, reason
+        held[node_id] = busy_with("placed", task.role)
+        session.add(
+            JobEvent(job_id=job.id, at=now, message=f"{task.role} {task.index} placed on {node_id}: {reason}")
+        )
+    for task, reason in waits:
+        if task.placement != reason:
+            task.placement = reason
+            session.add(JobEvent(job_id=job.id, at=now, message=f"{task.role} {task.index} {reason}"))
+    if job.state == "pending" and chosen:
+        job.state = "scheduled"
+    return len(chosen)
+
+
+def weights(session: Session, job_id: str) -> dict[str, int]:
+    """Each worker task's FedAvg weight: its owner's train tokens (what the aggregator's config carries)."""
+    rows = session.execute(
+        select(Task.id, Task.owner_tokens).where(Task.job_id == job_id, Task.owner_tokens.is_not(None))
+    )
+    return {task_id: tokens for task_id, tokens in rows}
+
+
+def owners_of(session: Session, job: Job, spec: JobSpec) -> list[m.FederatedOwner]:
+    """A federated job's owners, as ``gpuflex job show`` lists them (empty for any other job)."""
+    if spec.data.federated is None:
+        return []
+    rows = session.execute(
+        select(Task.id, Task.owner_tokens, Node.id, Node.name)
+        .join(Node, Node.id == Task.home_node_id)
+        .where(Task.job_id == job.id)
+        .order_by(Task.index)
+    )
+    return [
+        m.FederatedOwner(
+            node_id=node_id, name=name, dataset=spec.data.federated, tokens=tokens or 0, task_id=task_id
+        )
+        for task_id, tokens, node_id, name in rows
+    ]

@@ -109,7 +109,8 @@ def test_data_is_a_source_or_a_prepared_dataset_and_either_survives_a_round_trip
         (
             {"source": "stdlib", "prepared": "./p"},
             {},
-            "data: Value error, give one of data.source, data.prepared and data.federated, not source and prepared",
+            "data: Value error, give one of data.source, data.prepared and data.federated, "
+            "not source and prepared",
         ),
         (
             {"prepared": "./p"},

@@ -1,0 +1,106 @@
+"""A federated job on a real local network: three owners with prepared datasets of different sizes and
+different text (non-IID), one of which does not admit the consumer. The job completes on exactly the two
+admitted owners, each worker reading only its own node's data, and no owner's canary reaches the
+coordinator's database, data directory (its blob store in it) or log, nor the core node or another owner."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuflex.client import Client
+from gpuflex.data.manifest import read_manifest
+from gpuflex.localnet import CORE_TOKEN, LocalNetwork
+from gpuflex.protocol.spec import parse_job_spec
+from gpuflex.testing import prepare_bytes, wait_for
+
+from .test_network import FAST_LIVENESS, TERMINAL
+
+pytestmark = pytest.mark.integration
+
+# per owner: its canary, its words (disjoint: non-IID) and its size in lines
+OWNERS = {
+    "hospital": ("CANARY-hospital-5e1f", ["ward", "dose", "scan", "nurse", "chart"], 300),
+    "bank": ("CANARY-bank-9a27", ["loan", "rate", "fund", "ledger", "asset"], 900),
+    "outsider": ("CANARY-outsider-c3d4", ["gene", "cell", "assay", "probe", "plate"], 500),
+}
+
+
+def _prepare(root: Path, name: str) -> Path:
+    canary, words, lines = OWNERS[name]
+    rng = random.Random(name)
+    text = root / f"{name}-text"
+    text.mkdir()
+    body = [" ".join(rng.choice(words) for _ in range(8)) + f" {canary}." for _ in range(lines)]
+    (text / "records.txt").write_text("\n".join(body))
+    return prepare_bytes(text, root / f"{name}-prepared", shard_tokens=8_000, val_tokens=2_000)
+
+
+def _needles(canary: str) -> list[bytes]:
+    """The canary as text, and as the byte tokenizer's shards hold it (uint16 little-endian ids)."""
+    raw = canary.encode()
+    return [raw, np.frombuffer(raw, np.uint8).astype("<u2").tobytes()]
+
+
+def _holding(root: Path, canary: str) -> list[Path]:
+    """Every file under ``root`` whose bytes contain ``canary`` in either form."""
+    files = [p for p in root.rglob("*") if p.is_file()]
+    return [p for p in files if any(n in p.read_bytes() for n in _needles(canary))]
+
+
+def test_a_federated_job_trains_on_the_admitted_owners_and_their_data_stays_home(tmp_path):
+    prepared = {name: _prepare(tmp_path, name) for name in OWNERS}
+    spec = parse_job_spec(
+        {
+            "name": "federated",
+            "training": {
+                "rounds": 2,
+                "inner_steps": 4,
+                "batch_size": 8,
+                "lr": 0.01,
+                "round_timeout_s": 60,
+                "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32},
+            },
+            "data": {"federated": "records"},
+            "budget": 1.0,
+            "max_price_per_hour": 0.5,
+        }
+    )
+    with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
+        url = net.start_coordinator()
+        net.start_agent("core", price=0.4, core=True, extra=["--core-token", CORE_TOKEN])
+        for name in OWNERS:
+            admits = "bank-of-labs" if name == "outsider" else "lab"
+            extra = ["--private-data", f"records={prepared[name]}", "--allow-consumer", admits]
+            net.start_agent(name, price=0.1, extra=extra)
+        lab = Client(url, Client(url).create_account("lab").token)
+        lab.deposit(5)
+        wait_for(lambda: sum(o.state == "online" for o in lab.offers()) == 4, 90, "agents to register")
+
+        job_id = lab.submit(spec).id
+        job = wait_for(lambda: (j := lab.job(job_id)).state in TERMINAL and j, 180, "the job to end")
+        assert job.state == "completed", [e.message for e in lab.logs(job_id)][-10:]
+        names = {o.node_id: o.name for o in lab.offers()}
+        tokens = {name: read_manifest(prepared[name]).train_tokens for name in OWNERS}
+        assert sorted((names[o.node_id], o.tokens) for o in job.owners) == sorted(
+            (name, tokens[name]) for name in ("hospital", "bank")
+        )
+        workers = {names[t.node_id] for t in job.tasks if t.role == "worker"}
+        assert workers == {"hospital", "bank"}
+        assert job.rounds_log[-1].contributions == 2 and job.train_loss is not None
+        log = [e.message for e in lab.logs(job_id)]
+        assert any("outsider" in x and "does not admit consumer lab" in x for x in log), log
+
+        net.stop()  # the coordinator's database and files at rest, every process gone
+        for name, (canary, _, _) in OWNERS.items():
+            assert _holding(prepared[name], canary), name  # the search finds the data where it is
+            assert _holding(net.root / "coordinator", canary) == [], name
+            assert _holding(net.root / "logs", canary) == [], name
+            for other in {"core", *OWNERS} - {name}:
+                assert _holding(net.root / "agents" / other, canary) == [], (name, other)
+        for name in ("hospital", "bank"):  # each worker read its shards where they lie: none was fetched
+            cached = [p for p in (net.root / "agents" / name / "cache").rglob("*") if p.is_file()]
+            assert cached == [], (name, cached)

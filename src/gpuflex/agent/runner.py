@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         cache = ShardCache(Path(cache_dir), int(os.environ["GPUFLEX_SHARD_CACHE_BYTES"]))
     # a federated worker reads its owner's private dataset where it lies (confined to it, read-only)
     private = os.environ.get("GPUFLEX_PRIVATE_DATA")
-    reader = LocalShards(Path(private)) if private else FetchedShards(client.get_blob, cache)
+    reader = LocalShards(Path(private), cache) if private else FetchedShards(client.get_blob, cache)
     try:
         summary = run_task(
             config,

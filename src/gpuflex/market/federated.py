@@ -3,7 +3,8 @@
 A federated job's data never leaves its owners, so its workers cannot be placed by price: one worker
 goes to each online node that offers a private dataset named NAME and admits the job's account
 (``gpuflex provider start --private-data NAME=DIR --allow-consumer ACCOUNT``), and that worker may only
-ever run there (``FederatedHome``). ``resources.workers`` is ignored: the job gets as many workers as it
+ever run there (``home_reason``; while its owner is away or busy it waits, ``waiting_reason``).
+``resources.workers`` is ignored: the job gets as many workers as it
 has owners at submit. Every node that was considered gets a reason a person can read, so a consumer
 whose job has fewer owners than expected sees why.
 

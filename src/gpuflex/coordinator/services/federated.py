@@ -104,12 +104,12 @@ def place(
     aggregators = [t for t in tasks if t.role == "aggregator"]
     homes = {t.home_node_id for t in workers}
     chosen: list[tuple[Task, str, str]] = []
-    if (
-        aggregators
-        and (agg := place_aggregator(req, offers, exclude=held.keys() | barred | homes)) is not None
-    ):
-        chosen.append((aggregators[0], agg.node_id, agg.reason))
     waits: list[tuple[Task, str]] = []
+    agg = place_aggregator(req, offers, exclude=held.keys() | barred | homes) if aggregators else None
+    if agg is not None:
+        chosen.append((aggregators[0], agg.node_id, agg.reason))
+    elif aggregators:
+        waits.append((aggregators[0], "waits: no free core node qualifies for the aggregator"))
     for task in workers:
         node = online.get(task.home_node_id or "")
         name = node.name if node is not None else task.home_node_id or "?"

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpuflex.cli.jobs import upload_inputs
 from gpuflex.client import Client
 from gpuflex.data.manifest import read_manifest
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
@@ -80,7 +81,7 @@ def test_a_federated_job_trains_on_the_admitted_owners_and_their_data_stays_home
         lab.deposit(5)
         wait_for(lambda: sum(o.state == "online" for o in lab.offers()) == 4, 90, "agents to register")
 
-        job_id = lab.submit(spec).id
+        job_id = lab.submit(spec, **upload_inputs(lab, spec)).id  # as `gpuflex submit`: nothing to upload
         job = wait_for(lambda: (j := lab.job(job_id)).state in TERMINAL and j, 180, "the job to end")
         assert job.state == "completed", [e.message for e in lab.logs(job_id)][-10:]
         names = {o.node_id: o.name for o in lab.offers()}

@@ -139,6 +139,8 @@ def test_a_federated_job_names_a_dataset_and_is_unaudited_by_default():
     v = spec.training.verification
     assert (v.robust, v.audit_rate, v.peer_segments) == (False, 0.0, 0)
     assert parse_job_spec(spec.model_dump(mode="json")) == spec  # as the coordinator stores it
+    # its workers are its owners: min_workers alone asks for no more than the default workers
+    assert parse_job_spec(_federated(resources={"min_workers": 3})).resources.min_workers == 3
 
 
 @pytest.mark.parametrize(

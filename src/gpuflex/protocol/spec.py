@@ -346,19 +346,22 @@ class JobSpec(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _federated_unaudited(cls, data: object) -> object:
+    def _federated_defaults(cls, data: object) -> object:
         """A federated job's contributions cannot be re-executed (only their owner holds the data): its
-        verification defaults to off, and ``_consistent`` refuses it asked for."""
+        verification defaults to off, and ``_consistent`` refuses it asked for. Its workers are its owners
+        (the coordinator sets ``resources.workers``), so ``min_workers`` alone is no error."""
         if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
             return data
-        if data["data"].get("federated") is None or not isinstance(data.get("training", {}), dict):
+        training, resources = data.get("training", {}), data.get("resources", {})
+        if data["data"].get("federated") is None or not isinstance(training, dict):
             return data
-        training = data.get("training", {})
         verification = training.get("verification", {})
-        if not isinstance(verification, dict):
+        if not isinstance(verification, dict) or not isinstance(resources, dict):
             return data
+        if "workers" not in resources and isinstance(resources.get("min_workers"), int):
+            resources = {**resources, "workers": max(resources["min_workers"], 1)}
         off = {"robust": False, "audit_rate": 0.0, **verification}
-        return {**data, "training": {**training, "verification": off}}
+        return {**data, "training": {**training, "verification": off}, "resources": resources}
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

@@ -74,6 +74,12 @@ def test_a_federated_job_runs_one_worker_on_each_admitting_owner_and_only_there(
     task = next(t for t in lab.job(job.id).tasks if t.id == gone.task_id)
     assert task.node_id is None and task.placement.startswith("waits for its owner"), task.placement
     assert "not online" in task.placement
+    coordinator.node("a", consumers=["lab"], key=nodes["a"].key)  # back, but without its data
+    assert nodes["a"].lease() is None
+    task = next(t for t in lab.job(job.id).tasks if t.id == gone.task_id)
+    assert task.placement == (
+        "waits for its owner a (it no longer offers notes as it did): its data is there and nowhere else"
+    )
     coordinator.node("a", private_data=[_dataset("notes", 1000, "a")], consumers=["lab"], key=nodes["a"].key)
     back = nodes["a"].lease()
     assert back is not None and back.task_id == gone.task_id

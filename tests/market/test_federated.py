@@ -34,3 +34,15 @@ def test_a_name_nobody_offers_and_owners_that_admit_nobody_like_us_are_one_line_
         choose_owners("notes", "lab", [_node("n1", ("scans", 5)), _node("n2")])
     with pytest.raises(BadRequest, match="no online owner of 'notes' admits account 'lab'"):
         choose_owners("notes", "lab", [_node("n1", ("notes", 5), admits=("bank",))])
+
+
+def test_an_owner_asking_more_than_the_price_cap_is_not_used_and_says_so():
+    cheap, dear = _node("n1", ("notes", 100)), _node("n2", ("notes", 200))
+    dear = OwnerNode(dear.node_id, dear.name, dear.datasets, dear.consumers, price_per_hour=0.9)
+    found = choose_owners("notes", "lab", [cheap, dear], max_price_per_hour=0.5)
+    assert [o.node_id for o in found.used] == ["n1"]
+    assert (
+        found.reasons[1] == "n2-name (n2): not used: asks 0.900 credits/h, more than max_price_per_hour 0.500"
+    )
+    with pytest.raises(BadRequest, match="every online owner of 'notes' that admits 'lab' asks more than"):
+        choose_owners("notes", "lab", [dear], max_price_per_hour=0.5)

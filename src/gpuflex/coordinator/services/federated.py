@@ -29,6 +29,7 @@ from gpuflex.market.federated import (
 from gpuflex.market.matching import NodeOffer, Requirements, place_aggregator
 from gpuflex.market.waiting import Held, busy_with
 from gpuflex.protocol import messages as m
+from gpuflex.protocol.money import to_credits
 from gpuflex.protocol.spec import JobSpec
 
 
@@ -38,6 +39,7 @@ def owner_node(node: Node) -> OwnerNode:
         name=node.name,
         datasets=tuple(OfferedDataset(**d) for d in node.private_data or []),
         consumers=frozenset(node.consumers or []),
+        price_per_hour=to_credits(node.price_micro),
     )
 
 
@@ -45,9 +47,8 @@ def owners(session: Session, spec: JobSpec, account: Account) -> Owners:
     """The online owners ``spec``'s job would train on; BadRequest when it has none, or fewer than its
     ``resources.min_workers``."""
     assert spec.data.federated is not None, "only a federated job has owners"
-    found = choose_owners(
-        spec.data.federated, account.name, [owner_node(n) for n in registry.online(session)]
-    )
+    nodes = [owner_node(n) for n in registry.online(session)]
+    found = choose_owners(spec.data.federated, account.name, nodes, spec.max_price_per_hour)
     need = spec.resources.min_workers
     if need is not None and need > len(found.used):
         raise BadRequest(
@@ -103,6 +104,7 @@ def place(
     workers = [t for t in tasks if t.role == "worker"]
     aggregators = [t for t in tasks if t.role == "aggregator"]
     homes = {t.home_node_id for t in workers}
+    announced = _announced(session, homes)
     chosen: list[tuple[Task, str, str]] = []
     waits: list[tuple[Task, str]] = []
     agg = place_aggregator(req, offers, exclude=held.keys() | barred | homes) if aggregators else None
@@ -115,6 +117,8 @@ def place(
         name = node.name if node is not None else task.home_node_id or "?"
         if node is None:
             waits.append((task, waiting_reason(name, "not online")))
+        elif (spec.data.federated, task.owner_dataset) not in announced.get(node.node_id, set()):
+            waits.append((task, waiting_reason(name, f"it no longer offers {spec.data.federated} as it did")))
         elif task.home_node_id in barred:
             waits.append((task, waiting_reason(name, "barred from this job by a guilty verdict")))
         elif task.home_node_id in held:
@@ -144,6 +148,13 @@ def place(
     if job.state == "pending" and chosen:
         job.state = "scheduled"
     return len(chosen)
+
+
+def _announced(session: Session, node_ids: set[str | None]) -> dict[str, set[tuple[str, str]]]:
+    """What each of these nodes offers now, as (name, manifest hash): a node that registered again without
+    a worker's dataset, or with other data under its name, would only fail that worker."""
+    rows = session.execute(select(Node.id, Node.private_data).where(Node.id.in_([n for n in node_ids if n])))
+    return {node_id: {(d["name"], d["manifest"]) for d in data or []} for node_id, data in rows}
 
 
 def weights(session: Session, job_id: str) -> dict[str, int]:

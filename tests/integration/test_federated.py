@@ -52,17 +52,17 @@ def _holding(root: Path, canary: str) -> list[Path]:
     return [p for p in files if any(n in p.read_bytes() for n in _needles(canary))]
 
 
-def test_a_federated_job_trains_on_the_admitted_owners_and_their_data_stays_home(tmp_path):
-    prepared = {name: _prepare(tmp_path, name) for name in OWNERS}
-    spec = parse_job_spec(
+def _spec(rounds: int, round_timeout_s: float, **resources):
+    return parse_job_spec(
         {
             "name": "federated",
+            "resources": resources,
             "training": {
-                "rounds": 2,
+                "rounds": rounds,
                 "inner_steps": 4,
                 "batch_size": 8,
                 "lr": 0.01,
-                "round_timeout_s": 60,
+                "round_timeout_s": round_timeout_s,
                 "model": {"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 32},
             },
             "data": {"federated": "records"},
@@ -70,17 +70,29 @@ def test_a_federated_job_trains_on_the_admitted_owners_and_their_data_stays_home
             "max_price_per_hour": 0.5,
         }
     )
-    with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
-        url = net.start_coordinator()
-        net.start_agent("core", price=0.4, core=True, extra=["--core-token", CORE_TOKEN])
-        for name in OWNERS:
-            admits = "bank-of-labs" if name == "outsider" else "lab"
-            extra = ["--private-data", f"records={prepared[name]}", "--allow-consumer", admits]
-            net.start_agent(name, price=0.1, extra=extra)
-        lab = Client(url, Client(url).create_account("lab").token)
-        lab.deposit(5)
-        wait_for(lambda: sum(o.state == "online" for o in lab.offers()) == 4, 90, "agents to register")
 
+
+def _start(net: LocalNetwork, prepared: dict[str, Path]) -> Client:
+    """The coordinator, a core node and an agent per owner (all but the outsider admit lab); lab's client."""
+    url = net.start_coordinator()
+    net.start_agent("core", price=0.4, core=True, extra=["--core-token", CORE_TOKEN])
+    for name, directory in prepared.items():
+        admits = "bank-of-labs" if name == "outsider" else "lab"
+        net.start_agent(
+            name, price=0.1, extra=["--private-data", f"records={directory}", "--allow-consumer", admits]
+        )
+    lab = Client(url, Client(url).create_account("lab").token)
+    lab.deposit(5)
+    online = len(prepared) + 1
+    wait_for(lambda: sum(o.state == "online" for o in lab.offers()) == online, 90, "agents to register")
+    return lab
+
+
+def test_a_federated_job_trains_on_the_admitted_owners_and_their_data_stays_home(tmp_path):
+    prepared = {name: _prepare(tmp_path, name) for name in OWNERS}
+    spec = _spec(rounds=2, round_timeout_s=60)
+    with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
+        lab = _start(net, prepared)
         job_id = lab.submit(spec, **upload_inputs(lab, spec)).id  # as `gpuflex submit`: nothing to upload
         job = wait_for(lambda: (j := lab.job(job_id)).state in TERMINAL and j, 180, "the job to end")
         assert job.state == "completed", [e.message for e in lab.logs(job_id)][-10:]
@@ -105,3 +117,25 @@ def test_a_federated_job_trains_on_the_admitted_owners_and_their_data_stays_home
         for name in ("hospital", "bank"):  # each worker read its shards where they lie: none was fetched
             cached = [p for p in (net.root / "agents" / name / "cache").rglob("*") if p.is_file()]
             assert cached == [], (name, cached)
+
+
+def test_a_lost_owners_worker_waits_for_it_while_the_rounds_go_on_with_the_others(tmp_path):
+    prepared = {name: _prepare(tmp_path, name) for name in ("hospital", "bank")}
+    spec = _spec(rounds=12, round_timeout_s=10, min_workers=1)
+    with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
+        lab = _start(net, prepared)
+        job_id = lab.submit(spec).id
+        wait_for(lambda: lab.job(job_id).round >= 1, 120, "the first round")
+        net.kill_agent("bank")  # the machine dies, its worker with it
+        wait_for(
+            lambda: any("waits for its owner bank (not online)" in e.message for e in lab.logs(job_id)),
+            60,
+            "bank's worker to wait for bank",
+        )
+        job = wait_for(lambda: (j := lab.job(job_id)).state in TERMINAL and j, 180, "the job to end")
+        assert job.state == "completed", [e.message for e in lab.logs(job_id)][-10:]
+        assert job.rounds_log[-1].contributions == 1  # the hospital's alone
+        names = {o.node_id: o.name for o in lab.offers()}
+        lost = next(o for o in job.owners if names[o.node_id] == "bank")
+        task = next(t for t in job.tasks if t.id == lost.task_id)
+        assert (task.node_id, task.epoch) == (None, 1), task  # leased once, by bank; never moved

@@ -104,7 +104,7 @@ def place(
     workers = [t for t in tasks if t.role == "worker"]
     aggregators = [t for t in tasks if t.role == "aggregator"]
     homes = {t.home_node_id for t in workers}
-    announced = _announced(session, homes)
+    home = _homes(session, homes)
     chosen: list[tuple[Task, str, str]] = []
     waits: list[tuple[Task, str]] = []
     agg = place_aggregator(req, offers, exclude=held.keys() | barred | homes) if aggregators else None
@@ -114,10 +114,10 @@ def place(
         waits.append((aggregators[0], "waits: no free core node qualifies for the aggregator"))
     for task in workers:
         node = online.get(task.home_node_id or "")
-        name = node.name if node is not None else task.home_node_id or "?"
+        name, announced = home.get(task.home_node_id or "", (task.home_node_id or "?", set()))
         if node is None:
             waits.append((task, waiting_reason(name, "not online")))
-        elif (spec.data.federated, task.owner_dataset) not in announced.get(node.node_id, set()):
+        elif (spec.data.federated, task.owner_dataset) not in announced:
             waits.append((task, waiting_reason(name, f"it no longer offers {spec.data.federated} as it did")))
         elif task.home_node_id in barred:
             waits.append((task, waiting_reason(name, "barred from this job by a guilty verdict")))
@@ -150,11 +150,15 @@ def place(
     return len(chosen)
 
 
-def _announced(session: Session, node_ids: set[str | None]) -> dict[str, set[tuple[str, str]]]:
-    """What each of these nodes offers now, as (name, manifest hash): a node that registered again without
-    a worker's dataset, or with other data under its name, would only fail that worker."""
-    rows = session.execute(select(Node.id, Node.private_data).where(Node.id.in_([n for n in node_ids if n])))
-    return {node_id: {(d["name"], d["manifest"]) for d in data or []} for node_id, data in rows}
+def _homes(session: Session, node_ids: set[str | None]) -> dict[str, tuple[str, set[tuple[str, str]]]]:
+    """Each of these nodes' name, and what it offers now as (dataset name, manifest hash): a node that
+    registered again without a worker's dataset, or with other data under its name, would only fail that
+    worker."""
+    query = select(Node.id, Node.name, Node.private_data).where(Node.id.in_([n for n in node_ids if n]))
+    return {
+        node_id: (name, {(d["name"], d["manifest"]) for d in data or []})
+        for node_id, name, data in session.execute(query)
+    }
 
 
 def weights(session: Session, job_id: str) -> dict[str, int]:

@@ -5,7 +5,11 @@ coordinator's database, data directory (its blob store in it) or log, nor the co
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +76,9 @@ def _spec(rounds: int, round_timeout_s: float, **resources):
     )
 
 
-def _start(net: LocalNetwork, prepared: dict[str, Path]) -> Client:
-    """The coordinator, a core node and an agent per owner (all but the outsider admit lab); lab's client."""
+def _start(net: LocalNetwork, prepared: dict[str, Path]) -> tuple[Client, str]:
+    """The coordinator, a core node and an agent per owner (all but the outsider admit lab); lab's client
+    and its token."""
     url = net.start_coordinator()
     net.start_agent("core", price=0.4, core=True, extra=["--core-token", CORE_TOKEN])
     for name, directory in prepared.items():
@@ -81,18 +86,19 @@ def _start(net: LocalNetwork, prepared: dict[str, Path]) -> Client:
         net.start_agent(
             name, price=0.1, extra=["--private-data", f"records={directory}", "--allow-consumer", admits]
         )
-    lab = Client(url, Client(url).create_account("lab").token)
+    token = Client(url).create_account("lab").token
+    lab = Client(url, token)
     lab.deposit(5)
     online = len(prepared) + 1
     wait_for(lambda: sum(o.state == "online" for o in lab.offers()) == online, 90, "agents to register")
-    return lab
+    return lab, token
 
 
 def test_a_federated_job_trains_on_the_admitted_owners_and_their_data_stays_home(tmp_path):
     prepared = {name: _prepare(tmp_path, name) for name in OWNERS}
     spec = _spec(rounds=2, round_timeout_s=60)
     with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
-        lab = _start(net, prepared)
+        lab, token = _start(net, prepared)
         job_id = lab.submit(spec, **upload_inputs(lab, spec)).id  # as `gpuflex submit`: nothing to upload
         job = wait_for(lambda: (j := lab.job(job_id)).state in TERMINAL and j, 180, "the job to end")
         assert job.state == "completed", [e.message for e in lab.logs(job_id)][-10:]
@@ -106,6 +112,14 @@ def test_a_federated_job_trains_on_the_admitted_owners_and_their_data_stays_home
         assert job.rounds_log[-1].contributions == 2 and job.train_loss is not None
         log = [e.message for e in lab.logs(job_id)]
         assert any("outsider" in x and "does not admit consumer lab" in x for x in log), log
+        shown = subprocess.run(
+            [sys.executable, "-m", "gpuflex", "job", "show", job_id, "--url", net.url, "--token", token],
+            capture_output=True, text=True, env={**os.environ, "COLUMNS": "100"}, check=True,
+        ).stdout  # fmt: skip
+        owners = shown[shown.index("owners (data.federated)") :]
+        for name in ("hospital", "bank"):
+            assert re.search(rf"{name}\s.*records\s.*{tokens[name]:,}", owners), shown
+        assert "outsider" not in owners
 
         net.stop()  # the coordinator's database and files at rest, every process gone
         for name, (canary, _, _) in OWNERS.items():
@@ -123,7 +137,7 @@ def test_a_lost_owners_worker_waits_for_it_while_the_rounds_go_on_with_the_other
     prepared = {name: _prepare(tmp_path, name) for name in ("hospital", "bank")}
     spec = _spec(rounds=12, round_timeout_s=10, min_workers=1)
     with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
-        lab = _start(net, prepared)
+        lab, _ = _start(net, prepared)
         job_id = lab.submit(spec).id
         wait_for(lambda: lab.job(job_id).round >= 1, 120, "the first round")
         net.kill_agent("bank")  # the machine dies, its worker with it

@@ -104,3 +104,24 @@ def test_bad_federated_input_is_one_line_and_no_money_moves(coordinator, consume
         client.submit(spec)
     assert client.balance().balance == 5
     assert client.jobs() == []
+
+
+def test_a_federated_job_starts_only_once_min_workers_owners_can_run_together(coordinator):
+    nodes, names = _owners(coordinator)
+    lab = coordinator.consumer("lab", deposit=5)
+    job = lab.submit(_spec())  # min_workers: all of its 2 owners
+    nodes["c"].leave()
+    reap_once(coordinator.ctx)
+    assert nodes["a"].lease() is None and nodes["core"].lease() is None  # nothing runs on half the owners
+    detail = lab.job(job.id)
+    assert detail.state == "pending"
+    why = {
+        names[o.node_id]: next(t.placement for t in detail.tasks if t.id == o.task_id) for o in detail.owners
+    }
+    assert why == {
+        "a": "waits: the job starts once its aggregator and min_workers owners can run together",
+        "c": "waits for its owner c (not online): its data is there and nowhere else",
+    }
+    coordinator.node("c", private_data=[_dataset("notes", 3000, "c")], consumers=["lab"], key=nodes["c"].key)
+    assert {nodes[n].lease().role for n in ("core", "a", "c")} == {"aggregator", "worker"}
+    assert lab.job(job.id).state == "running"

@@ -92,45 +92,26 @@ def place(
     tasks: list[Task],
     offers: list[NodeOffer],
     held: dict[str, Held],
-    barred: set[str],
     now: float,
 ) -> int:
-    """Place the aggregator on a core node and each worker on its owner, if free (not ``held``, nor
-    ``barred`` from this job); until the job has started, only once its aggregator and ``min_workers``
-    workers can go together. Marks the nodes it places on in ``held``; returns how many were placed; each
-    task left waits with why."""
+    """Place the aggregator on a core node and each worker on its owner, if free (not ``held``); until the
+    job has started, only once its aggregator and ``min_workers`` workers can go together. Marks the
+    nodes it places on in ``held``; returns how many were placed; each task left waits with why. (No
+    node is ever barred from a federated job: it has no verifier to convict one.)"""
     req = Requirements.from_spec(spec)
-    online = {o.node_id: o for o in offers}
     workers = [t for t in tasks if t.role == "worker"]
     aggregators = [t for t in tasks if t.role == "aggregator"]
     homes = {t.home_node_id for t in workers}
-    home = _homes(session, homes)
-    chosen: list[tuple[Task, str, str]] = []
-    waits: list[tuple[Task, str]] = []
-    agg = place_aggregator(req, offers, exclude=held.keys() | barred | homes) if aggregators else None
+    chosen, waits = _workers(session, spec, workers, {o.node_id: o for o in offers}, held)
+    agg = place_aggregator(req, offers, exclude=held.keys() | homes) if aggregators else None
     if agg is not None:
-        chosen.append((aggregators[0], agg.node_id, agg.reason))
+        chosen.insert(0, (aggregators[0], agg.node_id, agg.reason))
     elif aggregators:
         waits.append((aggregators[0], "waits: no free core node qualifies for the aggregator"))
-    for task in workers:
-        node = online.get(task.home_node_id or "")
-        name, announced = home.get(task.home_node_id or "", (task.home_node_id or "?", set()))
-        if node is None:
-            waits.append((task, waiting_reason(name, "not online")))
-        elif (spec.data.federated, task.owner_dataset) not in announced:
-            waits.append((task, waiting_reason(name, f"it no longer offers {spec.data.federated} as it did")))
-        elif task.home_node_id in barred:
-            waits.append((task, waiting_reason(name, "barred from this job by a guilty verdict")))
-        elif task.home_node_id in held:
-            waits.append((task, waiting_reason(name, held[task.home_node_id].reason)))
-        else:
-            reason = home_reason(name, spec.data.federated or "", task.owner_tokens or 0)
-            chosen.append((task, node.node_id, reason))
-    placed_workers = sum(t.role == "worker" for t, _, _ in chosen)
-    before = req.workers - len(workers)
+    before = req.workers - len(workers)  # placed or leased already
+    placed_workers = len(chosen) - (agg is not None)
     if job.state == "pending" and (
-        (aggregators and not any(t.role == "aggregator" for t, _, _ in chosen))
-        or before + placed_workers < req.start_workers
+        (aggregators and agg is None) or before + placed_workers < req.start_workers
     ):
         waits += [(t, "waits: the job starts once its aggregator and min_workers owners can run together")
                   for t, _, _ in chosen]  # fmt: skip
@@ -138,16 +119,37 @@ def place(
     for task, node_id, reason in chosen:
         task.node_id, task.placement = node_id, reason
         held[node_id] = busy_with("placed", task.role)
-        session.add(
-            JobEvent(job_id=job.id, at=now, message=f"{task.role} {task.index} placed on {node_id}: {reason}")
-        )
+        message = f"{task.role} {task.index} placed on {node_id}: {reason}"
+        session.add(JobEvent(job_id=job.id, at=now, message=message))
     for task, reason in waits:
-        if task.placement != reason:
+        if task.placement != reason:  # placement runs every reaper pass: the log hears of a change once
             task.placement = reason
             session.add(JobEvent(job_id=job.id, at=now, message=f"{task.role} {task.index} {reason}"))
     if job.state == "pending" and chosen:
         job.state = "scheduled"
     return len(chosen)
+
+
+def _workers(
+    session: Session, spec: JobSpec, workers: list[Task], online: dict[str, NodeOffer], held: dict[str, Held]
+) -> tuple[list[tuple[Task, str, str]], list[tuple[Task, str]]]:
+    """Each worker on its owner, as (task, node, reason), or why it waits: its owner is not online, no
+    longer offers the dataset it announced, or is busy."""
+    dataset = spec.data.federated or ""
+    home = _homes(session, {t.home_node_id for t in workers})
+    chosen, waits = [], []
+    for task in workers:
+        node_id = task.home_node_id or ""
+        name, announced = home.get(node_id, (node_id, set()))
+        if node_id not in online:
+            waits.append((task, waiting_reason(name, "not online")))
+        elif (dataset, task.owner_dataset) not in announced:
+            waits.append((task, waiting_reason(name, f"it no longer offers {dataset} as it did")))
+        elif node_id in held:
+            waits.append((task, waiting_reason(name, held[node_id].reason)))
+        else:
+            chosen.append((task, node_id, home_reason(name, dataset, task.owner_tokens or 0)))
+    return chosen, waits
 
 
 def _homes(session: Session, node_ids: set[str | None]) -> dict[str, tuple[str, set[tuple[str, str]]]]:

@@ -244,7 +244,7 @@ def _place_job_tasks(
     the job's workers on core nodes, which count toward its core quota."""
     spec = specs.load(job)
     if isinstance(spec, JobSpec) and spec.data.federated is not None:
-        return federated.place(session, job, spec, tasks, index.offers, held, barred, now)
+        return federated.place(session, job, spec, tasks, index.offers, held, now)
     req = Requirements.from_spec(spec)
     # a deployment's server replicas are placed as workers are, with no aggregator
     workers = [t for t in tasks if t.role != "aggregator"]

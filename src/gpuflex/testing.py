@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -115,9 +115,12 @@ def register_node(
     gpu: m.GpuInfo | None = None,
     available_hours: float | None = None,
     key: NodeKey | None = None,
+    private_data: Sequence[m.PrivateDataset] = (),
+    consumers: Sequence[str] = (),
 ) -> NodeClient:
     """A node registered with the coordinator at ``url`` (core with ``core_token``), as its signed client:
-    what an agent does before it asks for work, without the agent's benchmark."""
+    what an agent does before it asks for work, without the agent's benchmark; ``private_data`` and
+    ``consumers``: what an owner announces (``provider start --private-data --allow-consumer``)."""
     client = NodeClient(url, key or NodeKey.generate())
     hardware = m.HardwareProfile(
         cpu_model="test cpu",
@@ -137,6 +140,8 @@ def register_node(
             benchmark=m.BenchmarkResult(tflops_fp32=tflops, mem_bandwidth_gbps=10),
             region=region,
             available_hours=available_hours,
+            private_data=list(private_data),
+            consumers=list(consumers),
         )
     )
     return client
@@ -334,7 +339,7 @@ def _lease_problems(session) -> list[str]:
 def _round_problems(session) -> list[str]:
 
     problems = []
-    for job in session.scalars(select(Job)):
+    for job in session.scalars(select(Job).where(Job.kind == "training")):  # deployments have no rounds
         published = list(
             session.scalars(select(Round.round).where(Round.job_id == job.id).order_by(Round.round))
         )

@@ -297,3 +297,39 @@ def test_a_malicious_recipe_run_by_a_real_agent_reads_nothing_of_the_agent_or_co
 
         log = wait_for(reported, 120, "the malicious task to report")
         assert_got_nothing(log.read_text(), log.parent)
+
+
+def test_a_private_dataset_is_readable_but_not_writable_and_its_neighbours_stay_out_of_reach(tmp_path):
+    """A federated worker's ``read_only`` directory: its owner's data, to read and nothing more."""
+    if confine.abi_version() < 1:
+        pytest.skip("this kernel has no Landlock: the task would run unconfined (the sandbox says so)")
+    private = tmp_path / "owner" / "notes"
+    private.mkdir(parents=True)
+    (private / "train-00000.bin").write_text("the owner's records")
+    (tmp_path / "owner" / "other").mkdir()
+    (tmp_path / "owner" / "other" / "x.bin").write_text("another dataset")
+    probe = f"""
+import pathlib
+def attempt(fn):
+    try:
+        return repr(fn())
+    except OSError as err:
+        return "refused " + type(err).__name__
+d = pathlib.Path({str(private)!r})
+print("READ", attempt(lambda: (d / "train-00000.bin").read_text()))
+print("WRITE", attempt(lambda: (d / "planted.bin").write_text("x")))
+print("OTHER", attempt(lambda: (d.parent / "other" / "x.bin").read_text()))
+"""
+    task = start_task(
+        [sys.executable, "-c", probe],
+        workdir=tmp_path / "work",
+        env_extra={},
+        limits=SMALL,
+        log_path=tmp_path / "logs" / "task.log",
+        read_only=[private],
+    )
+    assert task.wait(timeout=60) == 0, task.tail()
+    log = task.tail()
+    assert 'READ "the owner\'s records"' in log, log
+    assert "WRITE refused" in log and "OTHER refused" in log, log
+    assert not (private / "planted.bin").exists()

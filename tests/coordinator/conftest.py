@@ -4,7 +4,7 @@ test process so the test can advance its clock (real time plus an offset)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +51,8 @@ class Harness:
         gpu: m.GpuInfo | None = None,
         available_hours: float | None = None,
         key: NodeKey | None = None,
+        private_data: Sequence[m.PrivateDataset] = (),
+        consumers: Sequence[str] = (),
     ) -> NodeClient:
         return register_node(
             self.url,
@@ -62,6 +64,8 @@ class Harness:
             gpu=gpu,
             available_hours=available_hours,
             key=key,
+            private_data=private_data,
+            consumers=consumers,
         )
 
     def task(self, grant: m.LeaseGrant) -> TaskClient:

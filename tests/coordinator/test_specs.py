@@ -16,18 +16,18 @@ def _raw(name: str) -> dict:
 def test_a_spec_is_parsed_once_and_the_kept_one_is_returned_after():
     cache = SpecCache()
     assert cache.get("j-1") is None
-    first = cache.parse("j-1", _raw("first"))
+    first = cache.parse("j-1", _raw("first"), "training")
     assert first.name == "first" and cache.get("j-1") is first
     # a job's spec never changes: what is kept answers, whatever is passed again
-    assert cache.parse("j-1", _raw("changed")) is first
+    assert cache.parse("j-1", _raw("changed"), "training") is first
 
 
 def test_the_least_recently_used_spec_goes_first_when_the_cache_is_full():
     cache = SpecCache(size=2)
-    cache.parse("a", _raw("a"))
-    cache.parse("b", _raw("b"))
+    cache.parse("a", _raw("a"), "training")
+    cache.parse("b", _raw("b"), "training")
     cache.get("a")  # used: b is now the oldest
-    cache.parse("c", _raw("c"))
+    cache.parse("c", _raw("c"), "training")
     assert cache.get("b") is None
     assert cache.get("a").name == "a" and cache.get("c").name == "c"
 
@@ -39,7 +39,7 @@ def test_threads_parsing_the_same_jobs_all_get_their_specs_and_the_cache_stays_b
 
     def parse_all() -> None:
         for job_id, raw in raws.items():
-            if cache.parse(job_id, raw).name != raw["name"]:
+            if cache.parse(job_id, raw, "training").name != raw["name"]:
                 wrong.append(job_id)
 
     threads = [threading.Thread(target=parse_all) for _ in range(4)]

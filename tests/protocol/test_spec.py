@@ -109,7 +109,8 @@ def test_data_is_a_source_or_a_prepared_dataset_and_either_survives_a_round_trip
         (
             {"source": "stdlib", "prepared": "./p"},
             {},
-            "data: Value error, give data.source or data.prepared, not both",
+            "data: Value error, give one of data.source, data.prepared and data.federated, "
+            "not source and prepared",
         ),
         (
             {"prepared": "./p"},
@@ -126,3 +127,35 @@ def test_data_is_a_source_or_a_prepared_dataset_and_either_survives_a_round_trip
 def test_a_prepared_dataset_is_refused_where_it_cannot_work(data, training, message):
     with pytest.raises(SpecError, match=re.escape(message)):
         parse_job_spec({"name": "x", "data": data, "training": training})
+
+
+def _federated(**extra):
+    return {"name": "f", "data": {"federated": "notes"}, **extra}
+
+
+def test_a_federated_job_names_a_dataset_and_is_unaudited_by_default():
+    spec = parse_job_spec(_federated())
+    assert (spec.data.federated, spec.data.source, spec.data.prepared) == ("notes", None, None)
+    v = spec.training.verification
+    assert (v.robust, v.audit_rate, v.peer_segments) == (False, 0.0, 0)
+    assert parse_job_spec(spec.model_dump(mode="json")) == spec  # as the coordinator stores it
+    # its workers are its owners: min_workers alone asks for no more than the default workers
+    assert parse_job_spec(_federated(resources={"min_workers": 3})).resources.min_workers == 3
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({"name": "f", "data": {"federated": "notes", "source": "stdlib"}}, "give one of data.source"),
+        ({"name": "f", "data": {"federated": "notes", "prepared": "./p"}}, "give one of data.source"),
+        (_federated(training={"verification": {"robust": True}}), "cannot be audited or screened"),
+        (_federated(training={"verification": {"audit_rate": 0.1}}), "cannot be audited or screened"),
+        (_federated(training={"recipe": "mlp-digits"}), "data.federated trains a token model"),
+        (_federated(pricing="auction"), "one worker on each owner: no auction"),
+        ({"name": "f", "data": {"federated": "no spaces"}}, "data.federated: String should match"),
+    ],
+)
+def test_bad_federated_specs_are_refused_naming_the_problem(spec, says):
+    with pytest.raises(SpecError) as err:
+        parse_job_spec(spec)
+    assert says in err.value.message, err.value.message

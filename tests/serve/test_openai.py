@@ -318,13 +318,7 @@ class _FakeBackend:
     def model(self, name: str) -> ModelCard:
         return ModelCard(name, 64, 0)
 
-    def encode(self, model: str, prompt) -> list[int]:
-        return [1, 2, 3]
-
-    def encode_chat(self, model: str, messages: list[dict]) -> list[int]:
-        return [1, 2, 3]
-
-    def submit(self, model: str, prompt, params: SamplingParams) -> _Gated:
+    def submit(self, model: str, prompt, params: SamplingParams, *, fill: bool = False) -> _Gated:
         self.submitted.append((_Endless if self.endless else _Gated)(self.gate, self.fail))
         return self.submitted[-1]
 

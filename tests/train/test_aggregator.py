@@ -19,12 +19,15 @@ from gpuflex.train.transport import LocalTransport
 from .helpers import POLL, task_config, tiny_spec
 
 
-def _start(spec, corpus: bytes, live_workers: int) -> tuple[LocalTransport, threading.Thread, list]:
+def _start(
+    spec, corpus: bytes, live_workers: int, **config_fields
+) -> tuple[LocalTransport, threading.Thread, list]:
     """An aggregator running in a thread over a fresh transport, once round 0 is out. It averages
-    without verification: these contributions are hand-made, with no commitments."""
+    without verification: these contributions are hand-made, with no commitments. ``config_fields``
+    replace fields of its task config."""
     spec = spec.model_copy(update={"verification": VerificationSpec(robust=False)})
     transport = LocalTransport(spec.rounds, live_workers)
-    config = task_config(spec, transport.put_blob(corpus), "aggregator")
+    config = task_config(spec, transport.put_blob(corpus), "aggregator").model_copy(update=config_fields)
     out: list = []
 
     def run() -> None:
@@ -81,6 +84,28 @@ def test_outer_step_is_nesterov_sgd_on_the_token_weighted_mean(corpus):
         torch.testing.assert_close(theta1[name], p - step, rtol=0, atol=1e-6)
     assert published.contributions == 2
     assert published.train_loss == pytest.approx((2.0 * 100 + 4.0 * 300) / 400)
+
+
+def test_a_federated_aggregator_weights_each_owner_by_its_dataset_not_its_round_tokens(corpus):
+    """FedAvg: both owners ran the same steps (equal round tokens); the larger dataset counts more. The
+    aggregator holds no data, so it publishes no validation loss."""
+    spec = tiny_spec(rounds=1, compression="none")
+    weights = {"w0": 1_000, "w1": 3_000}
+    transport, thread, _ = _start(
+        spec, corpus, live_workers=2, federated="notes", dataset=None, weights=weights
+    )
+    theta0 = _params(spec)
+    for task, value in (("w0", 0.01), ("w1", 0.05)):
+        _contribute(transport, task, {n: torch.full_like(p, value) for n, p in theta0.items()}, 256, "none")
+    thread.join(30)
+    published = transport.history()[1]
+    model = build_model(spec)
+    load_model(model, transport.get_blob(published.checkpoint))
+    mean = (0.01 * 1_000 + 0.05 * 3_000) / 4_000
+    step = spec.outer_lr * (1 + spec.outer_momentum) * mean
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), theta0[name] - step, rtol=0, atol=1e-6)
+    assert (published.val_loss, transport.history()[0].val_loss) == (None, None)
 
 
 def test_unusable_contributions_are_skipped(corpus):

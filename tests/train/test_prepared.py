@@ -13,7 +13,8 @@ import torch
 from gpuflex.data.assign import assign
 from gpuflex.data.fetch import FetchedShards, LocalShards
 from gpuflex.data.manifest import MANIFEST, read_manifest
-from gpuflex.testing import prepare_bytes, write_corpus
+from gpuflex.errors import BadRequest
+from gpuflex.testing import prepare_bytes, train_bpe, write_corpus
 from gpuflex.train.data import round_generator
 from gpuflex.train.recipes import for_task, shards
 from gpuflex.train.task import run_task
@@ -98,3 +99,52 @@ def test_on_prepared_data_audits_pass_for_the_honest_and_convict_a_cheater(prepa
             "validation-00000.bin",
         ]
     assert len(readers["aggregator-0"].opened) == 9  # screening every worker: the whole dataset
+
+
+def _federated(spec, digest, role, index=0):
+    return task_config(spec, digest, role, index, 2).model_copy(update={"federated": "records"})
+
+
+def _no_fetch(digest: str) -> bytes:
+    raise AssertionError(f"a federated task fetched {digest}")
+
+
+def test_a_federated_worker_trains_on_all_of_its_owners_shards_and_fetches_nothing(prepared):
+    manifest = read_manifest(prepared)
+    spec = tiny_spec()
+    owner = LocalShards(prepared)
+    _, data = for_task(_federated(spec, manifest.digest, "worker", 1), _no_fetch, owner)
+    for r in range(40):  # enough draws to land in every one of the 8 train shards
+        data.sample(round_generator(spec.seed, 1, r))
+    assert sorted(owner.opened) == sorted(s.file for s in manifest.train + manifest.validation)
+    _, none = for_task(_federated(spec, None, "aggregator"), _no_fetch, FetchedShards(_no_fetch))
+    assert none.validation == []  # the aggregator holds no data
+
+
+def test_a_federated_worker_checks_its_data_against_what_its_owner_announced(prepared):
+    config = _federated(tiny_spec(), "0" * 64, "worker")
+    with pytest.raises(BadRequest, match=r"'records' in .* changed since its node announced it"):
+        for_task(config, _no_fetch, LocalShards(prepared))
+
+
+def test_a_federated_worker_refuses_data_its_model_cannot_read(tmp_path):
+    """Only the owner's node can tell: char-gpt reads bytes, and this owner prepared with a BPE tokenizer."""
+    from gpuflex.data.prepare import prepare
+    from gpuflex.data.sources import Source
+    from gpuflex.data.tokenizer import load_tokenizer
+
+    write_corpus(tmp_path / "text")
+    docs = [p.read_text() for p in sorted((tmp_path / "text").iterdir())]
+    train_bpe(docs, vocab_size=300).save(str(tmp_path / "tokenizer.json"))
+    out = tmp_path / "prepared"
+    prepare(Source([str(tmp_path / "text")]), load_tokenizer(str(tmp_path / "tokenizer.json")), out,
+            shard_tokens=9_000, val_tokens=2_000)  # fmt: skip
+    config = _federated(tiny_spec(), read_manifest(out).digest, "worker")
+    with pytest.raises(BadRequest, match="recipe char-gpt is byte-level"):
+        for_task(config, _no_fetch, LocalShards(out))
+
+
+def test_a_federated_worker_on_a_node_without_the_data_fails_saying_so(prepared):
+    manifest = read_manifest(prepared)
+    with pytest.raises(BadRequest, match="this node holds no private dataset 'records'"):
+        for_task(_federated(tiny_spec(), manifest.digest, "worker"), _no_fetch, FetchedShards(_no_fetch))

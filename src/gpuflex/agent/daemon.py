@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpuflex.agent.benchmark import run_benchmark
 from gpuflex.agent.hardware import probe_hardware
+from gpuflex.agent.private import announce
 from gpuflex.agent.sandbox import Limits, TaskProcess, start_task
 from gpuflex.auth.signing import NodeKey
 from gpuflex.client import NodeClient
@@ -46,6 +47,9 @@ class AgentConfig:
     benchmark_s: float = 1.5
     cache_gb: float = 20.0  # the shard cache (data_dir/cache) that tasks share: shards and model files
     limits: Limits = field(default_factory=Limits)
+    # private datasets offered to federated jobs, by name (``agent.private``), and the accounts admitted
+    private_data: dict[str, Path] = field(default_factory=dict)
+    consumers: tuple[str, ...] = ()
     # TESTING ONLY: every worker task plays this gpuflex.train.adversaries kind (a cheating provider,
     # for `gpuflex demo --cheater` and tests of verification). None: an honest provider.
     adversary: str | None = None
@@ -61,6 +65,7 @@ class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
         self.limits = config.limits
+        self.private_data = announce(config.private_data)  # first: a bad DIR stops the agent here
         self.key = NodeKey.load_or_create(config.data_dir / "node.key")
         self.client = NodeClient(config.coordinator_url, self.key, ca=config.ca)
         self.stopping = threading.Event()
@@ -94,6 +99,8 @@ class Agent:
             benchmark=bench,
             price_per_hour=self.config.price_per_hour,
             region=self.config.region,
+            private_data=self.private_data,
+            consumers=list(self.config.consumers),
         )
         while True:
             try:
@@ -157,9 +164,11 @@ class Agent:
         if ack.work:
             self.work.set()
 
-    def _task_config(self, grant: m.LeaseGrant) -> m.TaskConfig:
+    def _task_config(self, grant: m.LeaseGrant) -> m.TaskConfig | m.ServerConfig:
         """The task as leased; a worker of a (testing-only) cheating agent plays its adversary."""
-        if self.config.adversary is None or grant.role != "worker":
+        if self.config.adversary is None or not isinstance(grant.task, m.TaskConfig):
+            return grant.task
+        if grant.task.role != "worker":
             return grant.task
         log.warning("TESTING ONLY: worker task %s plays adversary %r", grant.task_id, self.config.adversary)
         return grant.task.model_copy(update={"adversary": self.config.adversary})
@@ -175,6 +184,9 @@ class Agent:
         if self.config.ca:  # the task is confined to its directory: it gets its own copy to read
             shutil.copyfile(self.config.ca, workdir / "ca.pem")
             trust = {"GPUFLEX_CA": str(workdir / "ca.pem")}
+        private = self._private_dir(grant)
+        if private is not None:
+            trust["GPUFLEX_PRIVATE_DATA"] = str(private)
         process = start_task(
             [sys.executable, "-m", "gpuflex.agent.runner", "task.json"],
             workdir=workdir,
@@ -190,15 +202,18 @@ class Agent:
             limits=self.limits,
             log_path=workdir / "task.log",
             shared=[self.cache.root],
+            read_only=[private] if private is not None else [],
         )
         self.task = RunningTask(grant, process)
-        log.info(
-            "leased %s %s of job %s (epoch %d)",
-            grant.role,
-            grant.task.worker_index,
-            grant.job_id,
-            grant.epoch,
-        )
+        log.info("leased %s task %s of %s (epoch %d)", grant.role, grant.task_id, grant.job_id, grant.epoch)
+
+    def _private_dir(self, grant: m.LeaseGrant) -> Path | None:
+        """The private dataset a federated worker reads here (read-only); None for any other task, or one
+        for a dataset this node does not offer (the task then fails saying so)."""
+        task = grant.task
+        if not isinstance(task, m.TaskConfig) or task.role != "worker" or task.federated is None:
+            return None
+        return self.config.private_data.get(task.federated)
 
     def _watch_task(self) -> None:
         """Report a task that ended; stop one whose lease the coordinator revoked (no report due)."""

@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
 
     from gpuflex.client import TaskClient
     from gpuflex.data.cache import ShardCache
-    from gpuflex.data.fetch import FetchedShards
+    from gpuflex.data.fetch import FetchedShards, LocalShards
     from gpuflex.protocol.messages import TaskConfig
     from gpuflex.train.task import run_task
 
@@ -42,13 +42,16 @@ def main(argv: list[str]) -> int:
     cache = None  # the agent's shard cache, shared by its tasks: shards and model files go there
     if cache_dir := os.environ.get("GPUFLEX_SHARD_CACHE"):
         cache = ShardCache(Path(cache_dir), int(os.environ["GPUFLEX_SHARD_CACHE_BYTES"]))
+    # a federated worker reads its owner's private dataset where it lies (confined to it, read-only)
+    private = os.environ.get("GPUFLEX_PRIVATE_DATA")
+    reader = LocalShards(Path(private), cache) if private else FetchedShards(client.get_blob, cache)
     try:
         summary = run_task(
             config,
             client,
             should_stop=lambda: stop["requested"] or os.getppid() != agent,
             after_step=(lambda took: time.sleep(max(0.0, min_step_s - took))) if min_step_s > 0 else None,
-            reader=FetchedShards(client.get_blob, cache),
+            reader=reader,
         )
     finally:
         client.close()

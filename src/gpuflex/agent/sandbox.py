@@ -173,12 +173,14 @@ def start_task(
     limits: Limits,
     log_path: Path,
     shared: Sequence[Path] = (),
+    read_only: Sequence[Path] = (),
 ) -> TaskProcess:
     """Start ``argv`` in ``workdir`` (created 0700), under ``limits``, appending its output to ``log_path``.
 
     The task's environment is the allowlist, HOME and TMPDIR set to ``workdir``, then ``env_extra``
     (which wins). The task may read only what ``SYSTEM_READ_ONLY`` and ``python_read_only`` name, and
-    write only beneath ``workdir``, the ``shared`` directories (the agent's shard cache) and a few devices.
+    write only beneath ``workdir``, the ``shared`` directories (the agent's shard cache) and a few devices;
+    ``read_only`` adds directories it may read (a federated worker's private dataset).
     """
     if not argv:
         raise ValueError("argv must name a program")
@@ -187,11 +189,13 @@ def start_task(
     env = scrubbed_env({"HOME": str(workdir), "TMPDIR": str(workdir), **env_extra})
     spec = ",".join(f"{res}:{soft}:{hard}" for res, soft, hard in limits.rlimits())
     lc_ctype = "keep" if "LC_CTYPE" in env else "drop"
-    read_only = os.pathsep.join([*SYSTEM_READ_ONLY, *python_read_only()])
+    readable = os.pathsep.join(
+        [*SYSTEM_READ_ONLY, *python_read_only(), *(str(d.resolve()) for d in read_only)]
+    )
     read_write = os.pathsep.join(
         [str(workdir.resolve()), *(str(d.resolve()) for d in shared), *DEVICES_READ_WRITE]
     )
-    wrapped = [sys.executable, "-I", "-S", confine.__file__, spec, lc_ctype, read_only, read_write, *argv]
+    wrapped = [sys.executable, "-I", "-S", confine.__file__, spec, lc_ctype, readable, read_write, *argv]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:

@@ -242,6 +242,11 @@ def show(job_id: JobId, as_json: Json = False, url: Url = None, token: Token = N
     for t in job.tasks:
         tasks.add_row(t.id, f"{t.role} {t.index}", t.state, t.node_id or "-", str(t.epoch))
     console.print(tasks)
+    if job.owners:
+        owners = table("node", "name", "dataset", "tokens", ids=["node"], title="owners (data.federated)")
+        for o in job.owners:
+            owners.add_row(o.node_id, o.name, o.dataset, f"{o.tokens:,}")
+        console.print(owners)
     # below the table, not in a column of it: a reason is a sentence, which a column squeezed to fit
     # 80 columns beside the ids would wrap to a dozen lines
     for t in job.tasks:

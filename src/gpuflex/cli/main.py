@@ -13,6 +13,7 @@ from gpuflex.cli import (
     coordinator,
     data,
     demo,
+    deploy,
     governance,
     jobs,
     ledger,
@@ -55,6 +56,9 @@ app.command("submit")(jobs.submit)
 app.command("quote")(jobs.quote)
 app.command("jobs")(jobs.list_jobs)
 app.add_typer(jobs.job_app, name="job")
+app.command("deploy")(deploy.deploy)
+app.command("deployments")(deploy.list_deployments)
+app.add_typer(deploy.deployment_app, name="deployment")
 app.command("offers")(offers.offers)
 app.add_typer(ledger.ledger_app, name="ledger")
 app.add_typer(train.train_app, name="train")

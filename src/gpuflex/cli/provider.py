@@ -84,6 +84,19 @@ def start(
     log_format: Annotated[
         LogFormat, typer.Option(envvar="GPUFLEX_LOG_FORMAT", help="text, or json (one object per line)")
     ] = "text",
+    private_data: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=DIR: offer DIR (a `gpuflex data prepare` output) to federated jobs as NAME; its data "
+            "never leaves this machine, only NAME, its size and its manifest hash are announced (repeatable)"
+        ),
+    ] = None,
+    allow_consumer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="an account whose federated jobs may train on this node's private data (repeatable)"
+        ),
+    ] = None,
     adversary: Annotated[
         str | None,
         typer.Option(
@@ -95,6 +108,7 @@ def start(
     """Run the provider agent until SIGTERM / Ctrl-C; a running task is handed back on the way out."""
     from gpuflex import jsonlog
     from gpuflex.agent.daemon import Agent, AgentConfig
+    from gpuflex.agent.private import parse_private_data
     from gpuflex.agent.sandbox import Limits
 
     if adversary is not None:
@@ -118,6 +132,8 @@ def start(
         limits=Limits(memory_mb=memory_mb),
         cache_gb=cache_gb,
         adversary=adversary,
+        private_data=parse_private_data(private_data or []),
+        consumers=tuple(allow_consumer or []),
     )
     agent = Agent(config)
     jsonlog.configure(log_format, node_id=agent.key.node_id)

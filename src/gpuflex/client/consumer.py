@@ -7,6 +7,7 @@ import hashlib
 
 from gpuflex.client.http import HttpSession
 from gpuflex.protocol import messages as m
+from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec
 
 
@@ -82,6 +83,29 @@ class Client:
 
     def checkpoint(self, job_id: str) -> bytes:
         return self.http.request("GET", f"/v1/jobs/{job_id}/checkpoint").content
+
+    def deploy(self, spec: DeploymentSpec) -> m.DeploymentInfo:
+        """Create a deployment whose model (``model.from``'s directory) is already uploaded."""
+        body = m.DeploymentCreate(spec=spec).model_dump(mode="json")
+        return m.DeploymentInfo.model_validate(self.http.request("POST", "/v1/deployments", json=body).json())
+
+    def deployments(self) -> list[m.DeploymentInfo]:
+        rows = self.http.request("GET", "/v1/deployments").json()
+        return [m.DeploymentInfo.model_validate(d) for d in rows]
+
+    def deployment(self, deployment_id: str) -> m.DeploymentDetail:
+        response = self.http.request("GET", f"/v1/deployments/{deployment_id}")
+        return m.DeploymentDetail.model_validate(response.json())
+
+    def scale(self, deployment_id: str, replicas: int) -> m.DeploymentInfo:
+        body = m.DeploymentScale(replicas=replicas).model_dump()
+        response = self.http.request("POST", f"/v1/deployments/{deployment_id}/scale", json=body)
+        return m.DeploymentInfo.model_validate(response.json())
+
+    def stop_deployment(self, deployment_id: str) -> m.DeploymentInfo:
+        """End a deployment; what its budget did not pay for goes back to the wallet."""
+        response = self.http.request("POST", f"/v1/deployments/{deployment_id}/stop")
+        return m.DeploymentInfo.model_validate(response.json())
 
     def offers(self, query: str = "", order: str = "") -> list[m.Offer]:
         """The nodes on offer that ``query`` matches (``gpuflex.market.query``: e.g. ``"vram>=16

@@ -33,6 +33,7 @@ from gpuflex.coordinator.routes import (
     COMMON_ERRORS,
     accounts,
     blobs,
+    deployments,
     governance,
     jobs,
     ledger,
@@ -215,7 +216,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         clock=ctx.now,
     )
     api = APIRouter(prefix=f"/{API_VERSION}", responses=COMMON_ERRORS)
-    for module in (accounts, jobs, nodes, tasks, blobs, market, ledger, governance, operator):
+    for module in (accounts, jobs, deployments, nodes, tasks, blobs, market, ledger, governance, operator):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(metrics_router)

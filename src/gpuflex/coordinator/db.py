@@ -71,6 +71,9 @@ class Node(Base):
     available_until: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: open-ended
     audits_passed: Mapped[int] = mapped_column(Integer, default=0)
     audits_failed: Mapped[int] = mapped_column(Integer, default=0)
+    # What the node announced of its private datasets (``PrivateDataset``s) and the accounts it admits
+    private_data: Mapped[list] = mapped_column(JSON, default=list)
+    consumers: Mapped[list] = mapped_column(JSON, default=list)
 
 
 class Nonce(Base):
@@ -81,9 +84,13 @@ class Nonce(Base):
 
 
 class Job(Base):
+    """A consumer's work: a training job, or a deployment (its sibling: the same placement, leases,
+    metering and settlement; ``spec`` is a ``JobSpec`` or a ``DeploymentSpec`` by ``kind``)."""
+
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="training", server_default="training")
     name: Mapped[str] = mapped_column(String(100))
     spec: Mapped[dict] = mapped_column(JSON)
     dataset: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -115,6 +122,11 @@ class Task(Base):
     node_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)  # placed on
     placement: Mapped[str] = mapped_column(Text, default="")
     failures: Mapped[int] = mapped_column(Integer, default=0)
+    # A federated job's worker runs only on its owner's node, on the dataset whose manifest hashes to
+    # owner_dataset, weighted by owner_tokens; None for every other task.
+    home_node_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    owner_dataset: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    owner_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Lease(Base):

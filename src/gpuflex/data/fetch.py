@@ -54,11 +54,12 @@ class ShardReader(ABC):
 
 
 class LocalShards(ShardReader):
-    """The shards of a prepared directory on this machine."""
+    """The shards of a prepared directory on this machine (``cache``: the node's, for a federated worker's
+    model files; its shards are read where they lie)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, cache: ShardCache | None = None):
         super().__init__()
-        self.directory = Path(directory)
+        self.directory, self.cache = Path(directory), cache
 
     def _load(self, shard: Shard, dtype: Dtype) -> np.ndarray:
         return open_shard(self.directory / shard.file, shard, dtype)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuflex.errors import BadRequest
+from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec
 
 NodeKind = Literal["core", "community"]
@@ -66,22 +67,34 @@ class Requirements:
         return self.workers if self.min_workers is None else self.min_workers
 
     @classmethod
-    def from_spec(cls, spec: JobSpec) -> Requirements:
-        from gpuflex.market.memory import vram_estimate_gb  # it sizes models with pricing, which imports us
+    def from_spec(cls, spec: JobSpec | DeploymentSpec) -> Requirements:
+        """A job's workers' requirements, or a deployment's replicas' (placed as workers with no aggregator
+        and no core quota; it starts once one replica is placed)."""
+        # they size models with pricing, which imports us
+        from gpuflex.market.memory import serve_vram_estimate_gb, vram_estimate_gb
 
         r = spec.resources
-        estimate = vram_estimate_gb(spec.training) if r.min_vram_gb is None else None
+        if isinstance(spec, DeploymentSpec):
+            size = spec.model.size
+            estimate = None
+            if r.min_vram_gb is None and size is not None:
+                estimate = serve_vram_estimate_gb(size, spec.context, spec.max_batch)
+            workers, min_workers, core_workers, core_fallback = spec.replicas, 1, 0, True
+        else:
+            estimate = vram_estimate_gb(spec.training) if r.min_vram_gb is None else None
+            workers, min_workers = spec.resources.workers, spec.resources.min_workers
+            core_workers, core_fallback = spec.resources.min_core_workers, spec.resources.core_fallback
         return cls(
-            workers=r.workers,
+            workers=workers,
             min_vram_gb=r.min_vram_gb or 0.0,
             gpu_vram_gb=estimate or 0.0,
             min_tflops=r.min_tflops,
             accelerators=tuple(a.strip() for a in r.accelerators if a.strip()),
             region=r.region,
             max_price_per_hour=spec.max_price_per_hour,
-            min_core_workers=r.min_core_workers,
-            core_fallback=r.core_fallback,
-            min_workers=r.min_workers,
+            min_core_workers=core_workers,
+            core_fallback=core_fallback,
+            min_workers=min_workers,
         )
 
 

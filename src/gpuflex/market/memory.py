@@ -1,4 +1,5 @@
-"""GPU memory a worker of a job needs: the market's estimate when ``resources.min_vram_gb`` is not set.
+"""GPU memory a worker of a job, or a replica of a deployment, needs: the market's estimate when
+``resources.min_vram_gb`` is not set.
 
 Rough, and meant to err high: a worker holds its model twice (the copy it trains and its replica of the
 global model, both fp32), and for the parameters it trains their gradients, AdamW's two moments (Muon
@@ -20,7 +21,7 @@ from __future__ import annotations
 import math
 
 from gpuflex.market.pricing import parameter_count, trained_count
-from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.protocol.spec import ModelSize, TrainingSpec
 
 GIB = 2**30
 TRACE_COPIES = 9  # segment boundaries the tracer keeps: commitment.SEGMENTS + 1
@@ -40,6 +41,15 @@ def vram_estimate_gb(training: TrainingSpec) -> float | None:
     tokens = (training.micro_batch_size or training.batch_size) * training.model.block_size
     per = CHECKPOINTED_BYTES if training.gradient_checkpointing else ACTIVATION_BYTES[training.precision]
     total = 2 * 4 * params + PER_TRAINED * trained + tokens * layers * width * per
+    return math.ceil((total * MARGIN / GIB + OVERHEAD_GB) * 10) / 10
+
+
+def serve_vram_estimate_gb(size: ModelSize, context: int, max_batch: int) -> float:
+    """GiB of GPU memory one replica of a deployment needs, rounded up to a tenth: its weights (fp32, to
+    err high) and a KV cache as full as its limits allow (keys and values of every layer, fp32, for
+    ``max_batch`` requests of ``context`` tokens; grouped-query attention's smaller cache errs high)."""
+    kv_cache = 2 * 4 * size.layers * size.hidden * context * max_batch
+    total = 4 * size.parameters + kv_cache
     return math.ceil((total * MARGIN / GIB + OVERHEAD_GB) * 10) / 10
 
 

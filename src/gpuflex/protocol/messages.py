@@ -22,16 +22,19 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     WithJsonSchema,
+    model_validator,
 )
 
-from gpuflex.protocol.spec import JobSpec, TrainingSpec
+from gpuflex.protocol.deployment import MAX_REPLICAS, DeployedModel, DeploymentSpec
+from gpuflex.protocol.spec import DATASET_NAME, JobSpec, TrainingSpec
 
 API_VERSION = "v1"
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256 of a blob")]
 NodeKind = Literal["core", "community"]
 JobState = Literal["pending", "scheduled", "running", "completed", "failed", "cancelled"]
-TaskRole = Literal["aggregator", "worker"]
+TrainingRole = Literal["aggregator", "worker"]
+TaskRole = Literal["aggregator", "worker", "server"]  # server: a deployment's replica
 # unplaced: the job ended before the task ever held a lease (it never ran; ``placement`` says why)
 TaskState = Literal["pending", "leased", "completed", "failed", "cancelled", "unplaced"]
 LeaseOutcome = Literal["completed", "failed", "released"]
@@ -116,6 +119,20 @@ class BenchmarkResult(Message):
     seconds: float = 0.0
 
 
+class PrivateDataset(Message):
+    """A private dataset as its owner's node announces it: its name and size, and the hash of its manifest
+    (which the owner's worker checks its data against). Nothing else of it leaves the owner's machine."""
+
+    name: Annotated[str, Field(pattern=DATASET_NAME)]
+    tokens: Annotated[Count64, Field(ge=1, description="its train split's tokens: its FedAvg weight")]
+    shards: Annotated[int, Field(ge=1, le=1_000_000)]
+    manifest: Sha256
+
+
+MAX_PRIVATE_DATASETS = 64
+AccountName = Annotated[str, Field(min_length=1, max_length=64)]
+
+
 class NodeRegister(Message):
     name: Annotated[str, Field(min_length=1, max_length=64)]
     public_key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="raw Ed25519 public key, hex")]
@@ -128,6 +145,19 @@ class NodeRegister(Message):
     available_hours: Annotated[float, Field(ge=0, le=87_600)] | None = Field(
         None, description="how many more hours the node stays on offer; None: open-ended"
     )
+    private_data: Annotated[list[PrivateDataset], Field(max_length=MAX_PRIVATE_DATASETS)] = Field(
+        default_factory=list, description="private datasets this node trains federated jobs on, by name"
+    )
+    consumers: Annotated[list[AccountName], Field(max_length=1024)] = Field(
+        default_factory=list, description="the accounts whose federated jobs may use its private data"
+    )
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> NodeRegister:
+        names = [d.name for d in self.private_data]
+        if len(set(names)) != len(names):
+            raise ValueError("private_data names a dataset twice")
+        return self
 
 
 class NodeRegistered(Message):
@@ -156,7 +186,7 @@ class TaskConfig(Message):
 
     job_id: str
     task_id: str
-    role: TaskRole
+    role: TrainingRole
     worker_index: int
     num_workers: int
     training: TrainingSpec
@@ -165,9 +195,30 @@ class TaskConfig(Message):
         False, description="dataset is a prepared dataset's manifest: the task fetches the shards it needs"
     )
     recipe_code: Sha256 | None = Field(None, description="the user recipe's file, with recipe 'user'")
+    federated: str | None = Field(
+        None,
+        description="data.federated: a worker reads this private dataset on its node, whose manifest hashes "
+        "to dataset; the aggregator gets no data",
+    )
+    weights: dict[str, Count64] | None = Field(
+        None,
+        description="a federated job's aggregator: each worker task's FedAvg weight (its owner's tokens)",
+    )
     adversary: str | None = Field(
         None, description="testing only: the gpuflex.train.adversaries kind this worker plays"
     )
+
+
+class ServerConfig(Message):
+    """What a server task (a deployment's replica) needs: the model it serves and its limits."""
+
+    job_id: str = Field(description="the deployment's id")
+    task_id: str
+    role: Literal["server"] = "server"
+    replica: int
+    model: DeployedModel
+    context: int
+    max_batch: int
 
 
 class LeaseGrant(Message):
@@ -178,7 +229,7 @@ class LeaseGrant(Message):
     epoch: int
     expires_at: datetime
     task_token: str = Field(description="a bearer token scoped to this lease, for the task subprocess")
-    task: TaskConfig
+    task: Annotated[TaskConfig | ServerConfig, Field(discriminator="role")]
 
 
 class LeaseReport(Message):
@@ -287,9 +338,20 @@ class NodeCost(Message):
     )
 
 
+class FederatedOwner(Message):
+    """A node whose private data a federated job trains on, with the worker task that runs there."""
+
+    node_id: str
+    name: str
+    dataset: str
+    tokens: int
+    task_id: str
+
+
 class JobDetail(JobInfo):
     spec: JobSpec
     tasks: list[TaskInfo]
+    owners: list[FederatedOwner] = Field(default_factory=list, description="data.federated: its owners")
     rounds_log: list[RoundInfo]
     costs: list[NodeCost]
     clearing_price: float | None = Field(
@@ -352,6 +414,36 @@ class Quote(Message):
 class JobEvent(Message):
     at: datetime
     message: str
+
+
+# -- deployments (a job row of kind deployment: server replicas, no rounds) ---------------------------
+
+
+class DeploymentCreate(Message):
+    spec: DeploymentSpec
+
+
+class DeploymentScale(Message):
+    replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+
+
+class DeploymentInfo(Message):
+    id: str
+    name: str
+    state: JobState
+    created_at: datetime
+    model: str = Field(description="what it serves: `job j-… (checkpoint …)`, or an uploaded directory")
+    replicas: int = Field(description="replicas asked for now (`scale` changes it)")
+    live_replicas: int = Field(description="replicas holding a live lease")
+    budget: float
+    spent: float
+    reason: str = ""
+
+
+class DeploymentDetail(DeploymentInfo):
+    spec: DeploymentSpec
+    tasks: list[TaskInfo]
+    costs: list[NodeCost]
 
 
 # -- the task subprocess (bearer: the lease's task token) ----------------------------------

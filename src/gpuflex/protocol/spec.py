@@ -9,6 +9,7 @@ Every model is strict (``extra="forbid"``) so a typo is an error that names the 
                inner_optimizer: adamw,
                precision: fp32, micro_batch_size: null, gradient_checkpointing: false, lora: null}
     data: {source: stdlib}   # or {prepared: ./prepared}: a directory `gpuflex data prepare` wrote
+                             # or {federated: notes}: private datasets their owners' nodes offer by name
     max_price_per_hour: 0.50
     budget: 2.00
     pricing: fixed          # or auction: a sealed-bid reverse auction for the workers (market/pricing.py)
@@ -35,6 +36,7 @@ from gpuflex.errors import SpecError
 Recipe = Literal["char-gpt", "hf-causal-lm", "mlp-digits", "user"]
 Codec = Literal["none", "fp16", "bf16", "int8", "int4", "int2"]
 PREPARED_RECIPES = ("char-gpt", "hf-causal-lm")  # the recipes that train on a prepared dataset's tokens
+DATASET_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"  # a private dataset's name, as its owner offers it
 
 
 class _Strict(BaseModel):
@@ -291,9 +293,10 @@ class TrainingSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    """What the job trains on: text the CLI builds into one corpus blob (``source``), or a dataset that
-    ``gpuflex data prepare`` tokenized and sharded (``prepared``). Exactly one of the two; neither given
-    means ``source: stdlib``."""
+    """What the job trains on: text the CLI builds into one corpus blob (``source``), a dataset that
+    ``gpuflex data prepare`` tokenized and sharded (``prepared``), or the private datasets of that name
+    that owners' nodes offer (``federated``: each owner's worker trains on its own, which never leaves its
+    node). At most one of the three; none given means ``source: stdlib``."""
 
     source: str | None = Field(
         None,
@@ -305,6 +308,11 @@ class DataSpec(_Strict):
         description="a directory `gpuflex data prepare` wrote (manifest.json and its shards): each worker "
         "fetches only its own shards and the validation split",
     )
+    federated: Annotated[str, Field(pattern=DATASET_NAME)] | None = Field(
+        None,
+        description="the name owners offer a private dataset by (`gpuflex provider start --private-data "
+        "NAME=DIR`): one worker runs on each online owner that admits this account, on its own data",
+    )
     max_bytes: Annotated[int, Field(ge=10_000, le=256 * 1024 * 1024)] = 2_000_000
     extensions: list[str] = Field(default_factory=lambda: [".py"])
 
@@ -313,10 +321,13 @@ class DataSpec(_Strict):
     def _one_source(cls, data: object) -> object:
         if not isinstance(data, dict):
             return data
-        if data.get("prepared") is None:
-            return {**data, "source": data.get("source") or "stdlib"}
-        if data.get("source") is not None:
-            raise ValueError("give data.source or data.prepared, not both")
+        given = [k for k in ("source", "prepared", "federated") if data.get(k) is not None]
+        if len(given) > 1:
+            raise ValueError(
+                f"give one of data.source, data.prepared and data.federated, not {' and '.join(given)}"
+            )
+        if not given:
+            return {**data, "source": "stdlib"}
         return data
 
 
@@ -333,18 +344,50 @@ class JobSpec(_Strict):
         "each is paid the (k+1)-th lowest ask (or max_price_per_hour)",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _federated_defaults(cls, data: object) -> object:
+        """A federated job's contributions cannot be re-executed (only their owner holds the data): its
+        verification defaults to off, and ``_consistent`` refuses it asked for. Its workers are its owners
+        (the coordinator sets ``resources.workers``), so ``min_workers`` alone is no error."""
+        if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
+            return data
+        training, resources = data.get("training", {}), data.get("resources", {})
+        if data["data"].get("federated") is None or not isinstance(training, dict):
+            return data
+        verification = training.get("verification", {})
+        if not isinstance(verification, dict) or not isinstance(resources, dict):
+            return data
+        if "workers" not in resources and isinstance(resources.get("min_workers"), int):
+            resources = {**resources, "workers": max(resources["min_workers"], 1)}
+        off = {"robust": False, "audit_rate": 0.0, **verification}
+        return {**data, "training": {**training, "verification": off}, "resources": resources}
+
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         if self.pricing == "auction" and self.resources.min_core_workers:
             raise ValueError("pricing 'auction' does not combine with resources.min_core_workers > 0 yet")
-        if self.data.prepared is not None:
+        token_data = "data.prepared" if self.data.prepared is not None else None
+        if self.data.federated is not None:
+            token_data = "data.federated"
+            v = self.training.verification
+            if v.robust or v.audit_rate or v.peer_segments:
+                raise ValueError(
+                    "data.federated: a contribution cannot be audited or screened against data only its "
+                    "owner holds; leave training.verification out (robust false, audit_rate 0)"
+                )
+            if self.pricing == "auction" or self.resources.min_core_workers:
+                raise ValueError(
+                    "data.federated places one worker on each owner: no auction, no min_core_workers"
+                )
+        if token_data is not None:
             if self.training.recipe not in PREPARED_RECIPES:
                 raise ValueError(
-                    f"data.prepared trains a token model: recipe {' or '.join(PREPARED_RECIPES)}, "
+                    f"{token_data} trains a token model: recipe {' or '.join(PREPARED_RECIPES)}, "
                     f"not {self.training.recipe}"
                 )
             if self.training.local_devices > 1:
-                raise ValueError("data.prepared does not combine with training.local_devices > 1 yet")
+                raise ValueError(f"{token_data} does not combine with training.local_devices > 1 yet")
         return self
 
 

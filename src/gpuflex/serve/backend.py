@@ -4,8 +4,12 @@ in the same process.
 ``Backend`` is the seam between the HTTP routes (``gpuflex.coordinator.routes.openai``) and where the
 tokens come from. It lives here, not in ``gpuflex.protocol``, because its currency is this package's own
 types (``SamplingParams`` in; ``Event``s and a ``Completion`` out), which the wire contract below it may
-not import. ``LocalBackend`` wraps one ``Engine``; the gateway's backend will reach a deployment's
-replicas on providers and give the routes the same events and completion.
+not import. ``LocalBackend`` wraps one ``Engine``; the coordinator's gateway reaches a deployment's
+replicas on providers and gives the routes the same events and completion.
+
+A ``Prompt`` is encoded where the model's tokenizer is, inside ``submit``: the gateway holds no model, so a
+deployment's replica encodes it (with ``LocalBackend`` over its engine) and refuses it there, before any
+token streams, when it leaves no room in the context.
 
 Every refusal is a ``gpuflex.errors`` error: ``NotFound`` for a model not served, ``BadRequest`` for the
 rest (an empty prompt, one too long for the context, a token id outside the vocabulary), each saying why.
@@ -14,8 +18,8 @@ rest (an empty prompt, one too long for the context, a token id outside the voca
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from gpuflex.errors import BadRequest, NotFound
@@ -28,6 +32,16 @@ class ModelCard:
     name: str
     context: int  # prompt and output together fit in this many tokens
     created: int  # unix seconds: when it began to be served
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What to complete, exactly one of: text or token ids (``/completions``), or chat messages
+    (``/chat/completions``: ``role`` and ``content`` each, through the model's chat template)."""
+
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+    messages: tuple[dict, ...] | None = None
 
 
 class Generation(Protocol):
@@ -51,16 +65,10 @@ class Backend(Protocol):
         """The model called ``name``; ``NotFound`` when none is."""
         ...
 
-    def encode(self, model: str, prompt: str | Sequence[int]) -> list[int]:
-        """A plain prompt (text, or token ids as given) as ids that leave room for an output."""
-        ...
-
-    def encode_chat(self, model: str, messages: list[dict]) -> list[int]:
-        """Chat messages (``role``, ``content``) as ids ending where the reply begins, room left for it."""
-        ...
-
-    def submit(self, model: str, prompt: Sequence[int], params: SamplingParams) -> Generation:
-        """Start generating; a ``BadRequest`` when prompt and ``max_tokens`` overrun the context."""
+    def submit(self, model: str, prompt: Prompt, params: SamplingParams, *, fill: bool = False) -> Generation:
+        """Encode ``prompt`` and start generating; with ``fill`` the output may take the rest of the
+        context (``params.max_tokens`` is not used). A ``BadRequest`` when the prompt is empty, leaves no
+        room for an output, or with ``max_tokens`` overruns the context."""
         ...
 
 
@@ -79,18 +87,19 @@ class LocalBackend:
             raise NotFound(f"the model {name!r} does not exist: this server serves {self.card.name!r}")
         return self.card
 
-    def encode(self, model: str, prompt: str | Sequence[int]) -> list[int]:
+    def submit(self, model: str, prompt: Prompt, params: SamplingParams, *, fill: bool = False) -> Generation:
         card = self.model(model)
-        ids = self.engine.model.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return _leaves_room(ids, card)
+        ids = _leaves_room(self._encode(prompt), card)
+        if fill:
+            params = replace(params, max_tokens=card.context - len(ids))
+        return self.engine.submit(ids, params)
 
-    def encode_chat(self, model: str, messages: list[dict]) -> list[int]:
-        card = self.model(model)
-        return _leaves_room(self.engine.model.encode_chat(messages), card)
-
-    def submit(self, model: str, prompt: Sequence[int], params: SamplingParams) -> Generation:
-        self.model(model)
-        return self.engine.submit(prompt, params)
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if prompt.messages is not None:
+            return self.engine.model.encode_chat(list(prompt.messages))
+        if prompt.text is not None:
+            return self.engine.model.encode(prompt.text)
+        return list(prompt.ids or ())
 
 
 def _leaves_room(ids: list[int], card: ModelCard) -> list[int]:

@@ -3,7 +3,7 @@
 One round, as the aggregator sees it::
 
     wait until contributions(r) >= max(1, live_workers), or round_timeout_s passes with >= 1
-    Δ̄ = Σ tokens_i · Δ_i / Σ tokens_i                   # over the contributions that decode and fit
+    Δ̄ = Σ w_i · Δ_i / Σ w_i                             # over the contributions that decode and fit
     blob, Δ̂ = compress(Δ̄ + residual)                    # the downlink is compressed too (error feedback)
     replica.apply(Δ̂)                                    # the outer step every replica takes
     publish_round(r + 1, update=blob, state_hash, checkpoint every checkpoint_every rounds)
@@ -16,6 +16,10 @@ audit is reported (``report_verdict``); the guilty are left out, and the rest ar
 ``robust.robust_mean`` instead of the token-weighted mean. Audits finish before the round is
 aggregated, so a guilty contribution is never applied: a late audit state is no answer, and the
 worker a no-show.
+
+The weight ``w_i`` is the tokens contribution i trained on this round; in a federated job
+(``config.weights``) it is its owner's dataset size in tokens instead, FedAvg's n_k: every owner runs
+the same steps, so by round tokens a small owner would count as much as a large one.
 
 Round 0 is the recipe's seeded model, published as a full checkpoint. A replacement aggregator
 loads the newest checkpoint (weights and outer momentum) and replays the updates after it, so it
@@ -73,6 +77,7 @@ class _Aggregator:
     summary: AggregatorSummary
     robust: bool = False  # clipped averaging (with a verifier) rather than the token-weighted mean
     tokens: int = 0
+    weights: dict[str, int] | None = None  # a federated job's, by worker task: its owner's tokens
 
     def publish(self, round: int, used: list[Contribution], update: bytes | None) -> None:
         """Evaluate the replica and publish it as ``round``, with its update and, when due, its state."""
@@ -109,9 +114,12 @@ class _Aggregator:
         if not used:  # every contribution was convicted: the model stays where it is
             return {n: torch.zeros_like(p) for n, p in self.replica.parameters().items()}
         if not self.robust:
-            return weighted_mean([(c.tokens, d) for c, d in used])
+            return weighted_mean([(self.weight(c), d) for c, d in used])
         flats = [flatten(d) for _, d in used]
         return unflatten(robust_mean(flats, [float(c.tokens) for c, _ in used]), used[0][1])
+
+    def weight(self, c: Contribution) -> int:
+        return c.tokens if self.weights is None else self.weights.get(c.task_id, 0)
 
 
 def run_aggregator(
@@ -144,6 +152,7 @@ def run_aggregator(
             verifier=verifier,
             poll_interval_s=poll_interval_s,
             should_stop=should_stop,
+            weights=config.weights,
         )
 
 
@@ -156,10 +165,12 @@ def aggregate(
     verifier: Verifier | None = None,
     poll_interval_s: float = 0.2,
     should_stop: Callable[[], bool] = lambda: False,
+    weights: dict[str, int] | None = None,
 ) -> AggregatorSummary:
     """Publish rounds until round ``spec.rounds`` is out or ``should_stop``; resumes a job under way.
 
-    Without a ``verifier`` every usable contribution is averaged (a trusted group, ``DiLoCo`` users)."""
+    Without a ``verifier`` every usable contribution is averaged (a trusted group, ``DiLoCo`` users);
+    ``weights``: each worker task's weight, instead of its round's tokens (a federated job)."""
     compressor = get_compressor(spec.compression)
     agg = _Aggregator(
         spec,
@@ -170,6 +181,7 @@ def aggregate(
         ErrorFeedback(compressor, decay=1.0),  # the downlink keeps all it owes: plain error feedback
         AggregatorSummary(start_round=0, round=0),
         robust=verifier is not None,
+        weights=weights,
     )
     if not _start(agg, compressor):
         return agg.summary

@@ -26,6 +26,7 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -37,7 +38,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from gpuflex.errors import BadRequest, GPUFlexError, NotFound, PayloadTooLarge, RateLimited, Unauthorized
 from gpuflex.protocol import openai as o
-from gpuflex.serve.backend import Backend, Generation, ModelCard
+from gpuflex.serve.backend import Backend, Generation, ModelCard, Prompt
 from gpuflex.serve.engine import Completion
 from gpuflex.serve.sampling import SamplingParams
 
@@ -144,9 +145,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
     async def completions(request: Request, served: Served) -> Response:
         body = await _parse(request, o.CompletionRequest)
         card = served.model(body.model)
-        prompt = _prompt(body.prompt)
-        ids = await run_in_threadpool(served.encode, card.name, prompt)
-        generation = await _submit(served, card, ids, body, body.max_tokens)
+        generation = await _submit(served, card, _prompt(body.prompt), body, body.max_tokens)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_completion_chunks(generation, head, body.include_usage), generation)
@@ -161,11 +160,9 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
     async def chat_completions(request: Request, served: Served) -> Response:
         body = await _parse(request, o.ChatCompletionRequest)
         card = served.model(body.model)
-        ids = await run_in_threadpool(served.encode_chat, card.name, _messages(body.messages))
         asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        generation = await _submit(
-            served, card, ids, body, card.context - len(ids) if asked is None else asked
-        )
+        prompt = Prompt(messages=tuple(_messages(body.messages)))
+        generation = await _submit(served, card, prompt, body, asked)
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_chat_chunks(generation, head, body.include_usage), generation)
@@ -248,13 +245,13 @@ def _problems(problems: list[dict]) -> str:
     return "; ".join(f"{where}: {msg}" for where, msg in seen.items())
 
 
-def _prompt(prompt: str | list) -> str | list[int]:
+def _prompt(prompt: str | list) -> Prompt:
     """One prompt, as text or token ids; OpenAI's batches of prompts are refused (one choice a request)."""
-    if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
-        return prompt
-    if len(prompt) != 1:
-        raise Refused(f"prompt holds {len(prompt)} prompts: send one prompt per request", param="prompt")
-    return prompt[0]
+    if not isinstance(prompt, str) and not all(isinstance(t, int) for t in prompt):
+        if len(prompt) != 1:
+            raise Refused(f"prompt holds {len(prompt)} prompts: send one prompt per request", param="prompt")
+        prompt = prompt[0]
+    return Prompt(text=prompt) if isinstance(prompt, str) else Prompt(ids=tuple(prompt))
 
 
 def _messages(messages: list[o.ChatMessage]) -> list[dict]:
@@ -271,7 +268,11 @@ def _messages(messages: list[o.ChatMessage]) -> list[dict]:
     return plain
 
 
-async def _submit(served: Backend, card: ModelCard, ids: list[int], body: Any, max_tokens: int) -> Generation:
+async def _submit(
+    served: Backend, card: ModelCard, prompt: Prompt, body: Any, max_tokens: int | None
+) -> Generation:
+    """Start generating (encoded and checked against the context where the model is); a chat request
+    without ``max_tokens`` may fill the context."""
     given = {
         "temperature": body.temperature,
         "top_p": body.top_p,
@@ -280,7 +281,8 @@ async def _submit(served: Backend, card: ModelCard, ids: list[int], body: Any, m
         "max_tokens": max_tokens,
     }
     params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
-    return await run_in_threadpool(served.submit, card.name, ids, params)
+    fill = max_tokens is None and prompt.messages is not None
+    return await run_in_threadpool(partial(served.submit, card.name, prompt, params, fill=fill))
 
 
 async def _result(request: Request, generation: Generation) -> Completion | None:

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import ids, leases, ledger, specs, verification
+from gpuflex.coordinator.services import federated, ids, leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.data.fit import check_job
 from gpuflex.data.manifest import parse_manifest
@@ -23,7 +23,7 @@ from gpuflex.ledger import accounts
 from gpuflex.ledger.settlement import scale_to, settle_job
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import format_credits, to_credits, to_micro
-from gpuflex.protocol.spec import ModelSpec
+from gpuflex.protocol.spec import ModelSize, UploadedModel
 from gpuflex.storage import BlobStore
 from gpuflex.storage.bundles import Bundle, model_problem
 
@@ -36,12 +36,20 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
             raise BadRequest(f"{what} blob {digest} is not in the blob store: upload it first")
     if (msg.spec.training.recipe == "user") != (msg.recipe_code is not None):
         raise BadRequest("recipe 'user' needs its recipe code uploaded, and only it takes recipe code")
-    _check_model(msg.spec.training.model, blobs)
+    if msg.spec.training.model.from_ is not None:
+        model = msg.spec.training.model
+        check_uploaded_model(model.uploaded, model.size, blobs, "training.model.from")
+    spec, owners = msg.spec, None
+    if spec.data.federated is not None:
+        if msg.dataset is not None:
+            raise BadRequest("data.federated: the data stays with its owners; upload no dataset")
+        owners = federated.owners(session, spec, account)
+        spec = federated.with_owners(spec, owners)
     job = Job(
         id=new_id("j"),
         account_id=account.id,
-        name=msg.spec.name,
-        spec=msg.spec.model_dump(mode="json"),
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
         dataset=msg.dataset,
         recipe_code=msg.recipe_code,
         state="pending",
@@ -50,6 +58,20 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         budget_micro=to_micro(msg.spec.budget),
         round=-1,
     )
+    escrow(session, account, job, now)
+    session.add(JobEvent(job_id=job.id, at=now, message=f"submitted by {account.name}; budget in escrow"))
+    if owners is not None:
+        federated.add_tasks(session, job, owners, now)
+        return job
+    session.add(Task(id=new_id("t"), job_id=job.id, role="aggregator", index=0, state="pending"))
+    for i in range(spec.resources.workers):
+        session.add(Task(id=new_id("t"), job_id=job.id, role="worker", index=i, state="pending"))
+    return job
+
+
+def escrow(session: Session, account: Account, job: Job, now: float) -> None:
+    """Add a new job (or deployment) row and move its budget from its owner's wallet into its escrow; a
+    wallet that can't cover it is a 402 that says how much to deposit."""
     session.add(job)
     session.flush()
     wallet = accounts.consumer(account.id)
@@ -63,11 +85,6 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         )
     except InsufficientFunds:
         raise InsufficientFunds(_short_of(ledger.balance(session, wallet), job.budget_micro)) from None
-    session.add(Task(id=new_id("t"), job_id=job.id, role="aggregator", index=0, state="pending"))
-    for i in range(msg.spec.resources.workers):
-        session.add(Task(id=new_id("t"), job_id=job.id, role="worker", index=i, state="pending"))
-    session.add(JobEvent(job_id=job.id, at=now, message=f"submitted by {account.name}; budget in escrow"))
-    return job
 
 
 def check_dataset(msg: m.JobSubmit, blobs: BlobStore) -> None:
@@ -92,23 +109,19 @@ def check_dataset(msg: m.JobSubmit, blobs: BlobStore) -> None:
         )
 
 
-def _check_model(model: ModelSpec, blobs: BlobStore) -> None:
-    """A job with ``model.from`` names an uploaded model directory whose every blob the store holds, with
-    a config.json and safetensors weights (``gpuflex submit`` uploads it); whether transformers builds it
-    is checked by the CLI, which has transformers."""
-    if model.from_ is None:
-        return
-    if model.uploaded is None or model.size is None:
-        raise BadRequest(
-            "training.model.from: the model directory is not uploaded (gpuflex submit uploads it)"
-        )
-    if not blobs.exists(model.uploaded.manifest):
-        raise BadRequest(
-            f"model manifest blob {model.uploaded.manifest} is not in the blob store: upload it first"
-        )
-    bundle = Bundle.from_bytes(blobs.get(model.uploaded.manifest))
+def check_uploaded_model(
+    uploaded: UploadedModel | None, size: ModelSize | None, blobs: BlobStore, field: str
+) -> None:
+    """A job's ``training.model.from`` or a deployment's ``model.from`` (``field``) names an uploaded model
+    directory whose every blob the store holds, with a config.json and safetensors weights (the CLI
+    uploads it); whether transformers builds it is checked by the CLI, which has transformers."""
+    if uploaded is None or size is None:
+        raise BadRequest(f"{field}: the model directory is not uploaded (the CLI uploads it)")
+    if not blobs.exists(uploaded.manifest):
+        raise BadRequest(f"model manifest blob {uploaded.manifest} is not in the blob store: upload it first")
+    bundle = Bundle.from_bytes(blobs.get(uploaded.manifest))
     if problem := model_problem([f.name for f in bundle.files]):
-        raise BadRequest(f"training.model.from: the model directory {problem}")
+        raise BadRequest(f"{field}: the model directory {problem}")
     absent = [d for d in bundle.digests() if not blobs.exists(d)]
     if absent:
         raise BadRequest(
@@ -130,11 +143,17 @@ def _short_of(wallet_micro: int, budget_micro: int) -> str:
 def owned(session: Session, account: Account, job_id: str) -> Job:
     """The job, if it is this account's, by its id or a unique prefix of it (``ids``); someone else's job
     is as unknown as a missing one. Every query of a consumer's job passes here."""
-    return ids.lookup(session, Job, job_id, Job.account_id == account.id, what="job")
+    return ids.lookup(session, Job, job_id, *mine(account, "training"), what="job")
 
 
-def list_for(session: Session, account: Account) -> list[Job]:
-    return list(session.scalars(select(Job).where(Job.account_id == account.id).order_by(Job.created_at)))
+def mine(account: Account, kind: str) -> tuple:
+    """The rows of ``kind`` (training or deployment) that ``account`` owns."""
+    return Job.account_id == account.id, Job.kind == kind
+
+
+def list_for(session: Session, account: Account, kind: str = "training") -> list[Job]:
+    """The account's training jobs, or its deployments, oldest first."""
+    return list(session.scalars(select(Job).where(*mine(account, kind)).order_by(Job.created_at)))
 
 
 def spent(session: Session, job: Job, now: float) -> int:
@@ -214,7 +233,8 @@ def enforce_limits(session: Session, now: float, *, fee_bps: int) -> None:
         if failures >= MAX_TASK_FAILURES:
             finish(session, job, "failed", f"a task failed {failures} times", now, fee_bps=fee_bps)
         elif costs[job.id] >= job.budget_micro:
-            state = "completed" if job.round > 0 else "failed"
+            # a deployment has served while it ran; a training job that published no round has nothing
+            state = "completed" if job.round > 0 or job.kind == "deployment" else "failed"
             finish(session, job, state, "budget spent", now, fee_bps=fee_bps)
 
 
@@ -246,21 +266,12 @@ def info(session: Session, job: Job, now: float) -> m.JobInfo:
 def detail(session: Session, job: Job, now: float) -> m.JobDetail:
     tasks = session.scalars(select(Task).where(Task.job_id == job.id).order_by(Task.role, Task.index))
     rounds = session.scalars(select(Round).where(Round.job_id == job.id).order_by(Round.round))
+    spec = specs.of(job)
     return m.JobDetail(
         **info(session, job, now).model_dump(),
-        spec=specs.of(job),
-        tasks=[
-            m.TaskInfo(
-                id=t.id,
-                role=t.role,
-                index=t.index,
-                state=t.state,
-                node_id=t.node_id,
-                epoch=t.epoch,
-                placement=t.placement,
-            )
-            for t in tasks
-        ],
+        spec=spec,
+        tasks=[task_info(t) for t in tasks],
+        owners=federated.owners_of(session, job, spec),
         rounds_log=[
             m.RoundInfo(
                 round=r.round,
@@ -274,13 +285,25 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
             )
             for r in rounds
         ],
-        costs=_costs(session, job, now),
+        costs=costs(session, job, now),
         clearing_price=None if job.clearing_price_micro is None else to_credits(job.clearing_price_micro),
         verdicts=verification.for_job(session, job),
     )
 
 
-def _costs(session: Session, job: Job, now: float) -> list[m.NodeCost]:
+def task_info(task: Task) -> m.TaskInfo:
+    return m.TaskInfo(
+        id=task.id,
+        role=task.role,
+        index=task.index,
+        state=task.state,
+        node_id=task.node_id,
+        epoch=task.epoch,
+        placement=task.placement,
+    )
+
+
+def costs(session: Session, job: Job, now: float) -> list[m.NodeCost]:
     """Each node's lease time, metered cost, and what the owner pays for it: the metered costs cut to the
     budget as settlement cuts them (``scale_to``), so they add up to ``spent`` and, once the job has
     ended, to what the ledger settled."""

@@ -15,13 +15,14 @@ from sqlalchemy.orm import Session
 
 from gpuflex.auth.tokens import new_task_token, token_hash
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, new_id
-from gpuflex.coordinator.services import market, specs
+from gpuflex.coordinator.services import federated, market, specs
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Conflict, Forbidden, NotFound, Unauthorized
 from gpuflex.ledger.metering import lease_cost_micro
 from gpuflex.market.liveness import Liveness, lease_expires_at
 from gpuflex.market.pricing import lease_price
-from gpuflex.protocol.messages import LeaseGrant, LeaseHeld, LeaseReport, TaskConfig
+from gpuflex.protocol.deployment import DeploymentSpec
+from gpuflex.protocol.messages import LeaseGrant, LeaseHeld, LeaseReport, ServerConfig, TaskConfig
 from gpuflex.protocol.spec import JobSpec
 
 
@@ -72,12 +73,13 @@ def grant(
     epochs = _claim(session, list(placed.values()))  # another replica may have taken some first
     claimed = {node_id: task for node_id, task in placed.items() if task.id in epochs}
     job_specs = _start_jobs(session, claimed.values())
+    weights = _federated_weights(session, claimed.values(), job_specs)
     expires_at = lease_expires_at(now, rules.lease_ttl_s(settings.lease_ttl_s))
     grants, rows, events = {}, [], []
     for node in asking:
         if (task := claimed.get(node.id)) is not None:
             spec = job_specs[task.job_id]
-            lease, grant = _lease(node, task, epochs[task.id], spec, now, expires_at)
+            lease, grant = _lease(node, task, epochs[task.id], spec, now, expires_at, weights.get(task.id))
             grants[node.id] = grant
             rows.append(lease)
             message = f"{task.role} {task.index} leased to {node.name} ({node.id}), epoch {grant.epoch}"
@@ -107,7 +109,7 @@ def _placed_on(session: Session, node_ids: Sequence[str]) -> dict[str, Row]:
 # batch); its spec, which never changes, from ``specs``. ORM-enabled: the session flushes what it holds
 # first (a job a placement pass just scheduled, its auction's clearing price).
 _PLACED = (
-    select(Task.id, Task.job_id, Task.role, Task.index, Task.epoch, Task.node_id)
+    select(Task.id, Task.job_id, Task.role, Task.index, Task.epoch, Task.node_id, Task.owner_dataset)
     .add_columns(Job.state.label("job_state"), Job.dataset, Job.recipe_code, Job.clearing_price_micro)
     .join(Job, Job.id == Task.job_id)
     .where(Task.node_id.in_(bindparam("nodes", expanding=True)), Task.state == "pending")
@@ -136,7 +138,7 @@ def _claim(session: Session, tasks: Sequence[Row]) -> dict[str, int]:
     return dict(session.connection().execute(_CLAIM, {"as_read": as_read}).all())
 
 
-def _start_jobs(session: Session, tasks: Iterable[Row]) -> dict[str, JobSpec]:
+def _start_jobs(session: Session, tasks: Iterable[Row]) -> dict[str, specs.Spec]:
     """The specs of the jobs of the tasks being leased (read only for a job this process has not seen);
     each job now runs."""
     states = {task.job_id: task.job_state for task in tasks}
@@ -144,19 +146,38 @@ def _start_jobs(session: Session, tasks: Iterable[Row]) -> dict[str, JobSpec]:
         session.execute(_RUN, {"jobs": starting})
     found = {job_id: spec for job_id in states if (spec := specs.SPECS.get(job_id)) is not None}
     if unseen := sorted(states.keys() - found.keys()):
-        found |= {job.id: specs.of(job) for job in session.execute(_SPECS, {"jobs": unseen})}
+        found |= {job.id: specs.load(job) for job in session.execute(_SPECS, {"jobs": unseen})}
     return found
 
 
 _RUN = update(Job).where(Job.id.in_(bindparam("jobs", expanding=True))).values(state="running")
-_SPECS = select(Job.id, Job.spec).where(Job.id.in_(bindparam("jobs", expanding=True)))
+_SPECS = select(Job.id, Job.spec, Job.kind).where(Job.id.in_(bindparam("jobs", expanding=True)))
+
+
+def _federated_weights(
+    session: Session, tasks: Iterable[Row], job_specs: dict[str, specs.Spec]
+) -> dict[str, dict[str, int]]:
+    """For each federated job's aggregator being leased (by task id), its workers' FedAvg weights."""
+    return {
+        t.id: federated.weights(session, t.job_id)
+        for t in tasks
+        if t.role == "aggregator"
+        and isinstance(spec := job_specs[t.job_id], JobSpec)
+        and spec.data.federated is not None
+    }
 
 
 def _lease(
-    node: Row, task: Row, epoch: int, spec: JobSpec, now: float, expires_at: float
+    node: Row,
+    task: Row,
+    epoch: int,
+    spec: specs.Spec,
+    now: float,
+    expires_at: float,
+    weights: dict[str, int] | None = None,
 ) -> tuple[dict, LeaseGrant]:
     """The row of a claimed task's lease (``task`` a row of ``_PLACED``), and its grant with the task token
-    only its holder learns."""
+    only its holder learns; ``weights``: a federated job's aggregator's."""
     token = new_task_token()
     lease = {
         "id": new_id("l"),
@@ -172,17 +193,6 @@ def _lease(
         "price_micro": _price_micro(task, node),
         "cost_micro": 0,
     }
-    config = TaskConfig(
-        job_id=task.job_id,
-        task_id=task.id,
-        role=task.role,
-        worker_index=task.index,
-        num_workers=spec.resources.workers,
-        training=spec.training,
-        dataset=task.dataset,
-        prepared=spec.data.prepared is not None,
-        recipe_code=task.recipe_code,
-    )
     grant = LeaseGrant(
         lease_id=lease["id"],
         task_id=task.id,
@@ -191,9 +201,35 @@ def _lease(
         epoch=epoch,
         expires_at=expires_at,
         task_token=token,
-        task=config,
+        task=_task_config(task, spec, weights),
     )
     return lease, grant
+
+
+def _task_config(task: Row, spec: specs.Spec, weights: dict[str, int] | None) -> TaskConfig | ServerConfig:
+    """What the task's process is handed: a training task's config, or a deployment replica's."""
+    if isinstance(spec, DeploymentSpec):
+        return ServerConfig(
+            job_id=task.job_id,
+            task_id=task.id,
+            replica=task.index,
+            model=spec.model,
+            context=spec.context,
+            max_batch=spec.max_batch,
+        )
+    return TaskConfig(
+        job_id=task.job_id,
+        task_id=task.id,
+        role=task.role,
+        worker_index=task.index,
+        num_workers=spec.resources.workers,
+        training=spec.training,
+        dataset=task.owner_dataset or task.dataset,  # a federated worker's: its owner's manifest
+        prepared=spec.data.prepared is not None,
+        recipe_code=task.recipe_code,
+        federated=spec.data.federated,
+        weights=weights,
+    )
 
 
 _RENEW = (
@@ -302,6 +338,15 @@ def end_by_verdict(session: Session, task_id: str, node_id: str, now: float) -> 
         _end(lease, "excluded", now)
         _return_task(session, lease, now, "was found cheating")
     return ended[0] if ended else None
+
+
+def cancel_task(session: Session, task: Task, now: float) -> None:
+    """Cancel one task of a job that goes on (a deployment scaled down): its live lease, if any, ends now
+    (the holder learns it on its next heartbeat) and the task is never placed again."""
+    for lease in _live(session, Lease.task_id == task.id):
+        _end(lease, "completed", now)
+    task.state = "cancelled"
+    _event(session, task.job_id, now, f"{task.role} {task.index} cancelled")
 
 
 def end_for_job(session: Session, job: Job, now: float, task_state: str) -> None:

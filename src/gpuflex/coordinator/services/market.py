@@ -24,8 +24,9 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, Verdict, refresh_statistics, try_lock
-from gpuflex.coordinator.services import governance, ledger, liveness, registry, specs
+from gpuflex.coordinator.services import federated, governance, ledger, liveness, registry, specs
 from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.errors import BadRequest
 from gpuflex.ledger import accounts
 from gpuflex.market import quotes, reputation
 from gpuflex.market.index import OfferIndex
@@ -155,6 +156,11 @@ def quote(
 ) -> m.Quote:
     """What ``spec`` would cost and take on the online nodes, placed as the market would now; when it
     cannot be placed, why, node by node."""
+    if spec.data.federated is not None:
+        raise BadRequest(
+            "a federated job is not quoted: it runs on its data's owners, whoever they are when it is "
+            "submitted (`gpuflex job show` lists them)"
+        )
     offers, held = _offers(session, settings, now, heartbeat_interval_s)
     return m.Quote.model_validate(asdict(quotes.quote(spec, offers, held)))
 
@@ -236,11 +242,15 @@ def _place_job_tasks(
     ``held``: the nodes that take no new task, and why (busy ones, which this marks as it places);
     ``barred``: the nodes a verdict barred from this job, as good as busy for it; ``core_already``:
     the job's workers on core nodes, which count toward its core quota."""
-    spec = specs.of(job)
+    spec = specs.load(job)
+    if isinstance(spec, JobSpec) and spec.data.federated is not None:
+        return federated.place(session, job, spec, tasks, index.offers, held, now)
     req = Requirements.from_spec(spec)
-    workers = [t for t in tasks if t.role == "worker"]
+    # a deployment's server replicas are placed as workers are, with no aggregator
+    workers = [t for t in tasks if t.role != "aggregator"]
     aggregators = [t for t in tasks if t.role == "aggregator"]
-    before = spec.resources.workers - len(workers)  # placed or leased already
+    # placed or leased already (none counted for a deployment scaled up past its first replicas)
+    before = max(req.workers - len(workers), 0)
     clearing = None if job.clearing_price_micro is None else to_credits(job.clearing_price_micro)
     decision = place_job(
         req,

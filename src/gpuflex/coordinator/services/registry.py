@@ -89,6 +89,8 @@ def register(
     node.price_micro = to_micro(msg.price_per_hour)
     node.region = msg.region
     node.available_until = None if msg.available_hours is None else now + msg.available_hours * 3600
+    node.private_data = [d.model_dump() for d in msg.private_data]
+    node.consumers = sorted(set(msg.consumers))
     if node.online_since is None:  # new, or back after leaving; a restart without leaving stays present
         node.online_since = now
     node.state = "online"

@@ -98,6 +98,10 @@ def for_task(
     recipe = get_recipe(spec.recipe, fetch(config.recipe_code) if config.recipe_code else None)
     if model_dir is not None:
         recipe = recipe.from_directory(model_dir)
+    if config.federated is not None:
+        from gpuflex.train.recipes.prepared import federated_data
+
+        return recipe, federated_data(config, reader)
     if recipe.needs_dataset and config.dataset is None:
         raise BadRequest(f"recipe {spec.recipe} trains on a dataset, and the job has none")
     if config.prepared:

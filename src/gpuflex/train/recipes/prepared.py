@@ -1,10 +1,15 @@
-"""Task data from a prepared dataset (``data.prepared``): token windows for char-gpt and hf-causal-lm.
+"""Task data from a prepared dataset (``data.prepared``, or an owner's private one under ``data.federated``):
+token windows for char-gpt and hf-causal-lm.
 
 The job's ``dataset`` blob is the manifest. Worker i trains on ``data.assign``'s part of the train
 shards for i of n, opened through the task's ``ShardReader`` only when its first batch is drawn, so an
 aggregator (which evaluates on the validation split) and an auditor (which draws the batches of the
 worker it audits) open nothing else. Batches come from the generator the caller seeds
 (``train.data.round_generator(seed, worker, round)``), exactly as on a byte corpus.
+
+A federated job's worker reads its owner's dataset from the directory the agent confined it to
+(``LocalShards``): the manifest there must hash to the one its owner announced (``config.dataset``), and
+the worker trains on all of it. Its aggregator gets no data: it holds none, so it evaluates nothing.
 """
 
 from __future__ import annotations
@@ -12,9 +17,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from gpuflex.data.assign import Windows, assign, validation_batches
-from gpuflex.data.fetch import FetchedShards, ShardReader
-from gpuflex.data.manifest import Manifest, parse_manifest
+from gpuflex.data.assign import Windows, assign, check_fits, validation_batches
+from gpuflex.data.fetch import FetchedShards, LocalShards, ShardReader
+from gpuflex.data.fit import check_tokenizer
+from gpuflex.data.manifest import Manifest, parse_manifest, read_manifest
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
@@ -52,3 +58,30 @@ def task_data(
         validation=validation_batches(validation, spec.eval_batches, spec.batch_size, block),
         tokens_per_batch=spec.batch_size * block,
     )
+
+
+def federated_data(config: TaskConfig, reader: ShardReader | None) -> TaskData:
+    """A federated task's data: a worker's, all of its owner's dataset in ``reader``'s directory; the
+    aggregator's, none."""
+    spec = config.training
+    if config.role == "aggregator":
+        return TaskData(sample=_no_batches, validation=[], tokens_per_batch=0)
+    if not isinstance(reader, LocalShards):
+        raise BadRequest(
+            f"this node holds no private dataset {config.federated!r}: a federated worker runs on its owner"
+        )
+    manifest = read_manifest(reader.directory)
+    if manifest.digest != config.dataset:
+        raise BadRequest(
+            f"the private dataset {config.federated!r} in {reader.directory} changed since its node "
+            f"announced it (manifest {manifest.digest}, announced {config.dataset}): restart the provider"
+        )
+    check_tokenizer(manifest, spec)
+    check_fits(
+        [s.tokens for s in manifest.train], [s.tokens for s in manifest.validation], 1, spec.model.block_size
+    )
+    return task_data(manifest, reader, spec, 0, 1)
+
+
+def _no_batches(_generator: object) -> object:
+    raise BadRequest("a federated job's aggregator holds no data to train on")

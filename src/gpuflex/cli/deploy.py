@@ -1,0 +1,139 @@
+"""Deployment commands: ``gpuflex deploy``, ``deployments``, and the ``deployment`` group
+(``show | scale | stop``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from gpuflex.cli.jobs import upload_model
+from gpuflex.cli.options import Token, Url
+from gpuflex.cli.output import Json, credits, print_json, table
+from gpuflex.cli.profile import consumer_client
+from gpuflex.client import Client
+from gpuflex.errors import BadRequest
+from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
+from gpuflex.protocol.spec import JobSpec, describe_validation_error
+
+deployment_app = typer.Typer(help="Follow and manage one deployment.", no_args_is_help=True)
+console = Console()
+DeploymentId = Annotated[
+    str, typer.Argument(help="deployment id as `gpuflex deployments` lists it, or any unique prefix of it")
+]
+
+
+def upload_served_model(client: Client, directory: Path) -> DeployedModel:
+    """A ``save_pretrained`` directory, checked, sized and uploaded as a job's ``model.from`` is (what the
+    blob store holds already is not sent again)."""
+    probe = JobSpec.model_validate(
+        {"name": "deploy", "training": {"recipe": "hf-causal-lm", "model": {"from": str(directory)}}}
+    )
+    model = upload_model(client, probe).training.model
+    return DeployedModel(from_=model.from_, uploaded=model.uploaded, size=model.size)
+
+
+def deploy(
+    job_id: Annotated[
+        str | None, typer.Argument(help="serve this training job's newest checkpoint (id or prefix)")
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option("--model", help="serve this save_pretrained directory instead")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="a name for it; default: the job's or directory's")] = None,
+    replicas: Annotated[int, typer.Option(min=1, help="replicas on as many nodes")] = 1,
+    max_price: Annotated[float, typer.Option(help="the most a replica's node may ask, credits/h")] = 1.0,
+    budget: Annotated[float, typer.Option(help="credits moved into escrow; it ends when spent")] = 5.0,
+    context: Annotated[int, typer.Option(help="longest prompt plus completion, in tokens")] = 2048,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Serve a model on the network: a training job's checkpoint, or a model directory (--model). The
+    budget moves into escrow; providers are paid per second their replicas hold a lease."""
+    if (job_id is None) == (model is None):
+        raise BadRequest("name a job to serve, or give --model DIR: one of the two")
+    client = consumer_client(url, token)
+    served = DeployedModel(job=job_id) if job_id is not None else upload_served_model(client, model)
+    default_name = job_id if model is None else model.expanduser().resolve().name
+    fields = {
+        "name": name or default_name,
+        "model": served.model_dump(exclude_none=True),
+        "replicas": replicas,
+        "max_price_per_hour": max_price,
+        "budget": budget,
+        "context": context,
+    }
+    try:
+        spec = DeploymentSpec.model_validate(fields)
+    except ValidationError as err:
+        raise BadRequest(f"invalid deployment: {describe_validation_error(err)}") from None
+    d = client.deploy(spec)
+    console.print(
+        f"deployed [bold]{d.id}[/] ({d.name}): {d.model}, {d.replicas} replicas; "
+        f"budget {credits(d.budget)} credits in escrow"
+    )
+    console.print(f"`gpuflex deployment show {d.id}` says where each replica runs, or why it waits")
+
+
+def list_deployments(as_json: Json = False, url: Url = None, token: Token = None) -> None:
+    """List your deployments."""
+    found = consumer_client(url, token).deployments()
+    if as_json:
+        print_json(found)
+        return
+    listed = table("id", "name", "state", "replicas", "model", "spent", "budget", ids=["id"])
+    for d in found:
+        replicas = f"{d.live_replicas}/{d.replicas}"
+        listed.add_row(d.id, d.name, d.state, replicas, d.model, credits(d.spent), credits(d.budget))
+    console.print(listed)
+
+
+@deployment_app.command("show")
+def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, token: Token = None) -> None:
+    """A deployment's state, its replicas (and why each node was chosen, or why one waits) and costs."""
+    d = consumer_client(url, token).deployment(deployment_id)
+    if as_json:
+        print_json(d)
+        return
+    console.print(
+        f"[bold]{d.name}[/] ({d.id}): {d.state}{': ' + d.reason if d.reason else ''}; serves {d.model}; "
+        f"{d.live_replicas} of {d.replicas} replicas live; spent {credits(d.spent)} of {credits(d.budget)}",
+        highlight=False,
+    )
+    tasks = table("task", "replica", "state", "node", "epoch", ids=["task", "node"], title="replicas")
+    for t in d.tasks:
+        tasks.add_row(t.id, str(t.index), t.state, t.node_id or "-", str(t.epoch))
+    console.print(tasks)
+    for t in d.tasks:
+        if t.placement:
+            console.print(f"replica {t.index}: {t.placement}", markup=False, highlight=False)
+    costs = table("node", "name", "kind", "seconds", "credits", ids=["node"], title="cost")
+    for c in d.costs:
+        costs.add_row(c.node_id, c.name, c.kind, f"{c.seconds:.1f}", f"{c.cost:.6f}")
+    console.print(costs)
+
+
+@deployment_app.command("scale")
+def scale(
+    deployment_id: DeploymentId,
+    replicas: Annotated[int, typer.Argument(min=1, help="replicas to run from now on")],
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Run this many replicas: new ones are placed by the market, the newest beyond it stop."""
+    d = consumer_client(url, token).scale(deployment_id, replicas)
+    console.print(f"deployment {d.id}: {d.replicas} replicas asked for, {d.live_replicas} live now")
+
+
+@deployment_app.command("stop")
+def stop(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> None:
+    """Stop a deployment: providers are paid for the time served, the rest is refunded."""
+    d = consumer_client(url, token).stop_deployment(deployment_id)
+    refund = credits(d.budget - d.spent)
+    console.print(
+        f"deployment {d.id} stopped; spent {credits(d.spent)} of a {credits(d.budget)} budget, "
+        f"{refund} refunded"
+    )

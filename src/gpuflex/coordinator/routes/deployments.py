@@ -1,0 +1,55 @@
+"""Deployments, seen only by the account that created them; ``{deployment_id}`` may be a unique prefix."""
+
+import logging
+
+from fastapi import APIRouter
+
+from gpuflex.coordinator.auth import Consumer, Ctx
+from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.services import deployments, governance
+from gpuflex.protocol import messages as m
+
+router = APIRouter(prefix="/deployments", tags=["deployments"], responses=errors(404, 409))
+log = logging.getLogger("gpuflex.coordinator")
+
+
+@router.post("", status_code=201, responses=errors(402))
+def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
+    """Deploy a model; the budget moves into escrow at once (402 if the wallet can't cover it)."""
+    with ctx.tx() as s:
+        deployment = deployments.create(s, account, body, ctx.blobs, ctx.now())
+        info = deployments.info(s, deployment, ctx.now())
+    log.info("deployment created", extra={"job_id": info.id})
+    return info
+
+
+@router.get("")
+def list_deployments(account: Consumer, ctx: Ctx) -> list[m.DeploymentInfo]:
+    with ctx.read() as s:
+        return [deployments.info(s, d, ctx.now()) for d in deployments.list_for(s, account)]
+
+
+@router.get("/{deployment_id}")
+def show(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentDetail:
+    with ctx.read() as s:
+        return deployments.detail(s, deployments.owned(s, account, deployment_id), ctx.now())
+
+
+@router.post("/{deployment_id}/scale")
+def scale(deployment_id: str, body: m.DeploymentScale, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
+    with ctx.tx() as s:
+        deployment = deployments.scale(s, account, deployment_id, body.replicas, ctx.now())
+        info = deployments.info(s, deployment, ctx.now())
+    log.info("deployment scaled to %d", body.replicas, extra={"job_id": info.id})
+    return info
+
+
+@router.post("/{deployment_id}/stop")
+def stop(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
+    """End the deployment; what its budget did not pay for goes back to the wallet."""
+    with ctx.tx() as s:
+        fee_bps = governance.platform_fee_bps(s, ctx.settings, ctx.now())
+        deployment = deployments.stop(s, account, deployment_id, ctx.now(), fee_bps=fee_bps)
+        info = deployments.info(s, deployment, ctx.now())
+    log.info("deployment stopped", extra={"job_id": info.id})
+    return info

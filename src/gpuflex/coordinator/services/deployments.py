@@ -1,0 +1,173 @@
+"""Deployments: a model served by ``server`` replicas on the network, a sibling of a job.
+
+A deployment is a ``jobs`` row of kind ``deployment`` with one ``server`` task per replica, so it reuses
+what a job has: placement (``market``, the replicas placed as workers with no aggregator), leases,
+epochs and liveness (a lost replica's task goes back to the market and is placed again), per-second
+metering from escrow, settlement (``jobs.finish``) and verdicts. It has no rounds and ends when its
+owner stops it (what is unspent goes back to the wallet) or its budget is spent (``jobs.enforce_limits``).
+``scale`` adds replicas or cancels the newest; its spec's ``replicas`` stays what it was created with.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Task, new_id
+from gpuflex.coordinator.services import ids, jobs, leases, specs
+from gpuflex.coordinator.services.market import OPEN_JOB_STATES
+from gpuflex.errors import BadRequest, Conflict
+from gpuflex.market.pricing import parameter_count
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.deployment import DeployedModel
+from gpuflex.protocol.money import to_credits, to_micro
+from gpuflex.protocol.spec import ModelSize
+from gpuflex.storage import BlobStore
+
+KIND = "deployment"
+ROLE = "server"
+LIVE_TASK_STATES = ("pending", "leased")  # a replica asked for: placed, waiting, or running
+
+
+def create(session: Session, account: Account, msg: m.DeploymentCreate, blobs: BlobStore, now: float) -> Job:
+    """A deployment with its budget in escrow and one pending server task per replica."""
+    spec = msg.spec
+    if spec.model.job is not None:
+        spec = spec.model_copy(update={"model": _pin_job(session, account, spec.model)})
+    else:
+        jobs.check_uploaded_model(spec.model.uploaded, spec.model.size, blobs, "model.from")
+    deployment = Job(
+        id=new_id("d"),
+        account_id=account.id,
+        kind=KIND,
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
+        state="pending",
+        reason="",
+        created_at=now,
+        budget_micro=to_micro(spec.budget),
+        round=-1,
+    )
+    jobs.escrow(session, account, deployment, now)
+    _add_replicas(session, deployment, range(spec.replicas))
+    message = f"created by {account.name}; budget in escrow"
+    session.add(JobEvent(job_id=deployment.id, at=now, message=message))
+    return deployment
+
+
+def _pin_job(session: Session, account: Account, model: DeployedModel) -> DeployedModel:
+    """A deployment of a training job serves that job's newest checkpoint as it is now, sized by its spec."""
+    assert model.job is not None, "only a model given by job is pinned"
+    job = jobs.owned(session, account, model.job)
+    training = specs.of(job).training
+    if training.recipe != "hf-causal-lm":
+        raise BadRequest(
+            f"model.job: job {job.id} trains recipe {training.recipe}, which is not a transformers model; "
+            "only hf-causal-lm jobs are served"
+        )
+    if job.checkpoint is None:
+        raise Conflict(f"model.job: job {job.id} has no checkpoint yet ({job.state})")
+    size = training.model.size
+    if size is None:
+        parameters = parameter_count(training)
+        assert parameters is not None, "an hf-causal-lm model's size follows from its shape"
+        shape = training.model
+        size = ModelSize(
+            parameters=parameters, trainable=parameters, layers=shape.n_layer, hidden=shape.n_embd
+        )
+    pinned = {"job": job.id, "checkpoint": job.checkpoint, "training": training, "size": size}
+    return model.model_copy(update=pinned)
+
+
+def _add_replicas(session: Session, deployment: Job, indexes: range) -> None:
+    for i in indexes:
+        session.add(Task(id=new_id("t"), job_id=deployment.id, role=ROLE, index=i, state="pending"))
+
+
+def owned(session: Session, account: Account, deployment_id: str) -> Job:
+    """The deployment, if it is this account's, by its id or a unique prefix of it; anyone else's is as
+    unknown as a missing one."""
+    return ids.lookup(session, Job, deployment_id, *jobs.mine(account, KIND), what="deployment")
+
+
+def list_for(session: Session, account: Account) -> list[Job]:
+    return jobs.list_for(session, account, KIND)
+
+
+def _replicas(session: Session, deployment: Job) -> list[Task]:
+    """The replicas asked for now, by index."""
+    query = select(Task).where(Task.job_id == deployment.id, Task.state.in_(LIVE_TASK_STATES))
+    return list(session.scalars(query.order_by(Task.index)))
+
+
+def scale(session: Session, account: Account, deployment_id: str, replicas: int, now: float) -> Job:
+    """Ask for ``replicas`` replicas: new ones are placed by the market; the newest beyond the count are
+    cancelled (a running one's lease ends now, metered up to now; one that never ran is dropped)."""
+    deployment = owned(session, account, deployment_id)
+    session.refresh(deployment, with_for_update=True)  # one scale at a time, and never after it ended
+    if deployment.state not in OPEN_JOB_STATES:
+        raise Conflict(f"deployment {deployment.id} has ended ({deployment.state})")
+    current = _replicas(session, deployment)
+    if replicas > len(current):
+        newest = session.scalar(select(func.max(Task.index)).where(Task.job_id == deployment.id))
+        first = -1 if newest is None else newest
+        _add_replicas(session, deployment, range(first + 1, first + 1 + replicas - len(current)))
+    cancelled = current[replicas:]
+    for task in cancelled:
+        if task.epoch == 0:  # never leased: nothing ran, nothing to keep
+            session.execute(delete(Task).where(Task.id == task.id))
+        else:
+            leases.cancel_task(session, task, now)
+    if replicas != len(current):
+        message = f"scaled from {len(current)} to {replicas} replicas by {account.name}"
+        session.add(JobEvent(job_id=deployment.id, at=now, message=message))
+    return deployment
+
+
+def stop(session: Session, account: Account, deployment_id: str, now: float, *, fee_bps: int) -> Job:
+    """End the deployment: its replicas' leases end, providers' pay is set aside, the rest is refunded."""
+    deployment = owned(session, account, deployment_id)
+    if deployment.state not in OPEN_JOB_STATES:
+        raise Conflict(f"deployment {deployment.id} has already ended ({deployment.state})")
+    jobs.finish(session, deployment, "cancelled", f"stopped by {account.name}", now, fee_bps=fee_bps)
+    return deployment
+
+
+def info(session: Session, deployment: Job, now: float) -> m.DeploymentInfo:
+    spec = specs.deployment(deployment)
+    live = session.scalar(
+        select(func.count(Lease.id)).where(Lease.job_id == deployment.id, Lease.state == "active")
+    )
+    asked = session.scalar(
+        select(func.count(Task.id)).where(Task.job_id == deployment.id, Task.state.in_(LIVE_TASK_STATES))
+    )
+    return m.DeploymentInfo(
+        id=deployment.id,
+        name=deployment.name,
+        state=deployment.state,
+        created_at=deployment.created_at,
+        model=_describe(spec.model),
+        replicas=asked or 0,
+        live_replicas=live or 0,
+        budget=to_credits(deployment.budget_micro),
+        spent=to_credits(jobs.spent(session, deployment, now)),
+        reason=deployment.reason,
+    )
+
+
+def _describe(model: DeployedModel) -> str:
+    if model.job is not None:
+        return f"job {model.job} (checkpoint {(model.checkpoint or '')[:12]})"
+    return f"{PurePath(model.from_ or '').name or model.from_} (uploaded)"
+
+
+def detail(session: Session, deployment: Job, now: float) -> m.DeploymentDetail:
+    tasks = session.scalars(select(Task).where(Task.job_id == deployment.id).order_by(Task.index))
+    return m.DeploymentDetail(
+        **info(session, deployment, now).model_dump(),
+        spec=specs.deployment(deployment),
+        tasks=[jobs.task_info(t) for t in tasks],
+        costs=jobs.costs(session, deployment, now),
+    )

@@ -1,0 +1,154 @@
+"""Deployments in the control plane: created with escrow, placed, leased and metered as a job's tasks are,
+scaled, stopped with a refund, ended by their budget, seen only by their owner; on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import update
+
+from gpuflex.cli.deploy import upload_served_model
+from gpuflex.coordinator.app import reap_once
+from gpuflex.coordinator.db import Job
+from gpuflex.errors import BadRequest, Conflict, InsufficientFunds, NotFound
+from gpuflex.market.matching import Requirements
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.deployment import DeploymentSpec
+from gpuflex.protocol.spec import JobSpec
+from gpuflex.testing import check_invariants, save_llama
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_llama(tmp_path_factory.mktemp("model") / "m", ["alpha beta gamma delta. " * 50])
+
+
+def spec(model, **fields) -> DeploymentSpec:
+    body = {"name": "chat", "model": model.model_dump(exclude_none=True), "budget": 1.0, **fields}
+    return DeploymentSpec.model_validate({"max_price_per_hour": 0.5, **body})
+
+
+def held(grant: m.LeaseGrant) -> list[m.LeaseHeld]:
+    return [m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch)]
+
+
+def lease_all(nodes) -> dict[int, m.LeaseGrant]:
+    """Each node asks for work (the first ask places what is pending, on whichever nodes rank best): the
+    leases granted, by the node's position."""
+    return {i: grant for i, node in enumerate(nodes) if (grant := node.lease()) is not None}
+
+
+def test_the_spec_names_one_model_source_and_fields_it_does_not_know_are_errors():
+    with pytest.raises(ValidationError, match="exactly one"):
+        DeploymentSpec.model_validate({"name": "d", "model": {}})
+    with pytest.raises(ValidationError, match="exactly one"):
+        DeploymentSpec.model_validate({"name": "d", "model": {"job": "j-1", "from": "./m"}})
+    with pytest.raises(ValidationError, match="checkpoint and training come with job"):
+        DeploymentSpec.model_validate({"name": "d", "model": {"from": "./m", "checkpoint": "0" * 64}})
+    with pytest.raises(ValidationError, match="replicas"):
+        DeploymentSpec.model_validate({"name": "d", "model": {"job": "j-1"}, "replicas": 0})
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        DeploymentSpec.model_validate({"name": "d", "model": {"job": "j-1"}, "rounds": 3})
+
+
+def test_a_replica_on_a_gpu_needs_its_weights_and_a_full_kv_cache(coordinator, model_dir):
+    model = upload_served_model(coordinator.consumer("alice"), model_dir)
+    small, long = Requirements.from_spec(spec(model)), Requirements.from_spec(spec(model, context=1 << 20))
+    assert 0 < small.gpu_vram_gb < long.gpu_vram_gb
+    assert small.workers == 1 and small.start_workers == 1 and small.min_core_workers == 0
+    assert Requirements.from_spec(spec(model, resources={"min_vram_gb": 3})).gpu_vram_gb == 0
+
+
+def test_a_deployment_is_escrowed_placed_leased_as_servers_and_only_its_owner_sees_it(coordinator, model_dir):
+    alice, bob = coordinator.consumer("alice", deposit=5), coordinator.consumer("bob", deposit=5)
+    model = upload_served_model(alice, model_dir)
+    created = alice.deploy(spec(model, replicas=2))
+    assert (created.state, created.replicas, created.live_replicas) == ("pending", 2, 0)
+    assert alice.balance().balance == 4
+    nodes = [coordinator.node(f"n{i}", price=0.2) for i in range(2)]
+    grants = [n.lease() for n in nodes]
+    assert all(g is not None and g.role == "server" for g in grants)
+    assert isinstance(grants[0].task, m.ServerConfig) and grants[0].task.model == model
+    assert sorted(g.task.replica for g in grants) == [0, 1]
+    shown = alice.deployment(created.id[:4])
+    assert (shown.state, shown.live_replicas) == ("running", 2)
+    assert [d.id for d in alice.deployments()] == [created.id]
+    assert alice.jobs() == []  # a deployment is not a training job
+    assert bob.deployments() == []
+    for call in (bob.deployment, bob.stop_deployment, lambda d: bob.scale(d, 3), alice.job):
+        with pytest.raises(NotFound):
+            call(created.id)
+
+
+def test_scaling_places_new_replicas_and_cancels_the_newest_and_stop_refunds_the_rest(coordinator, model_dir):
+    alice = coordinator.consumer("alice", deposit=5)
+    d = alice.deploy(spec(upload_served_model(alice, model_dir), replicas=1))
+    nodes = [coordinator.node(f"n{i}", price=0.36) for i in range(3)]
+    leased = lease_all(nodes)
+    assert len(leased) == 1
+    assert alice.scale(d.id, 3).replicas == 3
+    leased |= lease_all(nodes)
+    assert sorted(g.task.replica for g in leased.values()) == [0, 1, 2]
+    coordinator.clock.advance(10)
+    for i, grant in leased.items():
+        assert nodes[i].heartbeat(held(grant)).revoked == []
+    scaled = alice.scale(d.id, 1)
+    assert (scaled.replicas, scaled.live_replicas) == (1, 1)
+    revoked = {g.task.replica: nodes[i].heartbeat(held(g)).revoked for i, g in leased.items()}
+    cancelled = {g.task.replica: [g.lease_id] for g in leased.values() if g.task.replica > 0}
+    assert revoked == {0: [], **cancelled}
+    assert alice.scale(d.id, 2).replicas == 2  # a new replica, not a cancelled one back
+    assert [t.state for t in alice.deployment(d.id).tasks] == ["leased", "cancelled", "cancelled", "pending"]
+    coordinator.clock.advance(10)
+    stopped = alice.stop_deployment(d.id)
+    assert stopped.state == "cancelled" and stopped.spent == pytest.approx(0.36 * (20 + 10 + 10) / 3600)
+    assert alice.balance().balance == pytest.approx(5 - stopped.spent)
+    with pytest.raises(Conflict, match="ended"):
+        alice.scale(d.id, 3)
+    with pytest.raises(Conflict, match="ended"):
+        alice.stop_deployment(d.id)
+    assert check_invariants(coordinator.ctx.settings.database_url) == []
+
+
+def test_a_lost_replica_is_placed_again_and_an_empty_budget_ends_the_deployment(coordinator, model_dir):
+    alice = coordinator.consumer("alice", deposit=5)
+    d = alice.deploy(spec(upload_served_model(alice, model_dir), budget=0.004, max_price_per_hour=1))
+    nodes = [coordinator.node("a", price=0.9), coordinator.node("b", price=0.9)]
+    ((i, grant),) = lease_all(nodes).items()
+    holder, other = nodes[i], nodes[1 - i]
+    coordinator.clock.advance(20)  # past the lease's 15 s, unrenewed
+    other.heartbeat([])
+    reap_once(coordinator.ctx)
+    again = other.lease()
+    assert again is not None and again.task_id == grant.task_id and again.epoch == grant.epoch + 1
+    assert holder.heartbeat(held(grant)).revoked == [grant.lease_id]
+    coordinator.clock.advance(20)  # 0.9/h for 20 s: 0.005 credits, past the budget
+    other.heartbeat(held(again))
+    reap_once(coordinator.ctx)
+    ended = alice.deployment(d.id)
+    assert (ended.state, ended.reason, ended.spent) == ("completed", "budget spent", 0.004)
+    assert alice.balance().balance == pytest.approx(4.996)
+    assert check_invariants(coordinator.ctx.settings.database_url) == []
+
+
+def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refused(coordinator, model_dir):
+    alice = coordinator.consumer("alice", deposit=1)
+    model = upload_served_model(alice, model_dir)
+    with pytest.raises(BadRequest, match=r"model\.from: the model directory is not uploaded"):
+        alice.deploy(spec(model.model_copy(update={"uploaded": None})))
+    with pytest.raises(InsufficientFunds, match="gpuflex wallet deposit"):
+        alice.deploy(spec(model, budget=2.0))
+    char = alice.submit(JobSpec.model_validate({"name": "c", "data": {"source": "none"}, "budget": 0.1}))
+    with pytest.raises(BadRequest, match="recipe char-gpt, which is not a transformers model"):
+        alice.deploy(DeploymentSpec.model_validate({"name": "d", "model": {"job": char.id}, "budget": 0.1}))
+    tuned = {"recipe": "hf-causal-lm", "model": {"architecture": "llama", "n_embd": 32}}
+    hf = alice.submit(JobSpec.model_validate({"name": "h", "training": tuned, "budget": 0.1}))
+    from_job = DeploymentSpec.model_validate({"name": "d", "model": {"job": hf.id[:5]}, "budget": 0.1})
+    with pytest.raises(Conflict, match="has no checkpoint yet"):
+        alice.deploy(from_job)
+    with coordinator.ctx.tx() as s:  # as a job that published a checkpoint has it
+        s.execute(update(Job).where(Job.id == hf.id).values(checkpoint="c" * 64))
+    pinned = alice.deployment(alice.deploy(from_job).id).spec.model
+    assert (pinned.job, pinned.checkpoint, pinned.training.recipe) == (hf.id, "c" * 64, "hf-causal-lm")
+    assert pinned.size.hidden == 32 and pinned.size.parameters > 0
+    assert alice.deployments()[0].model == f"job {hf.id} (checkpoint cccccccccccc)"

@@ -1,0 +1,127 @@
+"""Federated jobs through the real API: owners announce private datasets; a job gets one worker per online
+owner that admits its account, each tied to its owner's node; the log says why each node was or was not
+used; bad input is one line before money moves; a lost owner's worker waits for it."""
+
+import pytest
+
+from gpuflex.auth.signing import node_id_for
+from gpuflex.coordinator.app import reap_once
+from gpuflex.errors import BadRequest
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.spec import JobSpec
+
+
+def _dataset(name: str, tokens: int, seed: str) -> m.PrivateDataset:
+    return m.PrivateDataset(name=name, tokens=tokens, shards=2, manifest=seed * 64)
+
+
+def _spec(**extra) -> JobSpec:
+    return JobSpec.model_validate(
+        {"name": "fed", "data": {"federated": "notes"}, "budget": 1.0, "max_price_per_hour": 0.5, **extra}
+    )
+
+
+def _owners(coordinator):
+    """A core node, three owners (b does not admit lab) and a node that offers another name."""
+    nodes = {
+        "core": coordinator.node("core", core=True, price=0.3),
+        "a": coordinator.node("a", private_data=[_dataset("notes", 1000, "a")], consumers=["lab"]),
+        "b": coordinator.node("b", private_data=[_dataset("notes", 5000, "b")], consumers=["bank"]),
+        "c": coordinator.node("c", private_data=[_dataset("notes", 3000, "c")], consumers=["lab", "bank"]),
+        "d": coordinator.node("d", private_data=[_dataset("scans", 10, "d")], consumers=["lab"]),
+        "spare": coordinator.node("spare", price=0.01),  # cheap and free, but holds no data
+    }
+    return nodes, {node_id_for(n.key.public_key_hex): name for name, n in nodes.items()}
+
+
+def test_a_federated_job_runs_one_worker_on_each_admitting_owner_and_only_there(coordinator):
+    nodes, names = _owners(coordinator)
+    lab = coordinator.consumer("lab", deposit=5)
+    job = lab.submit(_spec(resources={"workers": 9, "min_workers": 1}))
+    detail = lab.job(job.id)
+    assert detail.spec.resources.workers == 2  # one per admitting owner; resources.workers is ignored
+    owners = sorted((names[o.node_id], o.dataset, o.tokens) for o in detail.owners)
+    assert owners == [("a", "notes", 1000), ("c", "notes", 3000)]
+    log = [e.message for e in lab.logs(job.id)]
+    assert any(
+        f"({node_id_for(nodes['b'].key.public_key_hex)}): not used: does not admit consumer lab" in x
+        for x in log
+    ), log
+    assert any("not used: offers no dataset notes" in x and "d (" in x for x in log), log
+    assert not any("spare" in x for x in log)  # a node with no private data is not a line of its own
+
+    assert nodes["spare"].lease() is None  # the cheapest free node never gets a federated worker
+    aggregator = nodes["core"].lease()
+    assert aggregator.role == "aggregator"
+    owner_of = {o.task_id: (names[o.node_id], o.tokens) for o in detail.owners}
+    assert aggregator.task.weights == {task: tokens for task, (_, tokens) in owner_of.items()}
+    grants = {name: nodes[name].lease() for name in ("a", "c")}
+    for name, grant in grants.items():
+        assert owner_of[grant.task_id][0] == name
+        assert grant.task.federated == "notes" and grant.task.dataset == name * 64  # its owner's manifest
+    for task in (t for t in lab.job(job.id).tasks if t.role == "worker"):
+        assert task.placement == (
+            f"owner {owner_of[task.id][0]} of notes ({owner_of[task.id][1]:,} tokens): "
+            "the only node that holds this worker's data"
+        )
+
+    # a's worker is handed back, and a leaves: its task waits for a; it never moves to a free node
+    gone = grants["a"]
+    nodes["a"].report(gone.lease_id, m.LeaseReport(epoch=gone.epoch, outcome="released"))
+    nodes["a"].leave()
+    reap_once(coordinator.ctx)
+    assert nodes["spare"].lease() is None
+    task = next(t for t in lab.job(job.id).tasks if t.id == gone.task_id)
+    assert task.node_id is None and task.placement.startswith("waits for its owner"), task.placement
+    assert "not online" in task.placement
+    coordinator.node("a", consumers=["lab"], key=nodes["a"].key)  # back, but without its data
+    assert nodes["a"].lease() is None
+    task = next(t for t in lab.job(job.id).tasks if t.id == gone.task_id)
+    assert task.placement == (
+        "waits for its owner a (it no longer offers notes as it did): its data is there and nowhere else"
+    )
+    coordinator.node("a", private_data=[_dataset("notes", 1000, "a")], consumers=["lab"], key=nodes["a"].key)
+    back = nodes["a"].lease()
+    assert back is not None and back.task_id == gone.task_id
+
+
+@pytest.mark.parametrize(
+    ("consumer", "spec", "says"),
+    [
+        ("lab", _spec(data={"federated": "gene"}), "no online node offers a private dataset named 'gene'"),
+        ("stranger", _spec(), "no online owner of 'notes' admits account 'stranger'"),
+        (
+            "lab",
+            _spec(resources={"workers": 3, "min_workers": 3}),
+            "min_workers is 3, and only 2 online owner",
+        ),
+    ],
+)
+def test_bad_federated_input_is_one_line_and_no_money_moves(coordinator, consumer, spec, says):
+    _owners(coordinator)
+    client = coordinator.consumer(consumer, deposit=5)
+    with pytest.raises(BadRequest, match=says):
+        client.submit(spec)
+    assert client.balance().balance == 5
+    assert client.jobs() == []
+
+
+def test_a_federated_job_starts_only_once_min_workers_owners_can_run_together(coordinator):
+    nodes, names = _owners(coordinator)
+    lab = coordinator.consumer("lab", deposit=5)
+    job = lab.submit(_spec())  # min_workers: all of its 2 owners
+    nodes["c"].leave()
+    reap_once(coordinator.ctx)
+    assert nodes["a"].lease() is None and nodes["core"].lease() is None  # nothing runs on half the owners
+    detail = lab.job(job.id)
+    assert detail.state == "pending"
+    why = {
+        names[o.node_id]: next(t.placement for t in detail.tasks if t.id == o.task_id) for o in detail.owners
+    }
+    assert why == {
+        "a": "waits: the job starts once its aggregator and min_workers owners can run together",
+        "c": "waits for its owner c (not online): its data is there and nowhere else",
+    }
+    coordinator.node("c", private_data=[_dataset("notes", 3000, "c")], consumers=["lab"], key=nodes["c"].key)
+    assert {nodes[n].lease().role for n in ("core", "a", "c")} == {"aggregator", "worker"}
+    assert lab.job(job.id).state == "running"

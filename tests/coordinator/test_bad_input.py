@@ -228,16 +228,24 @@ def test_chunked_bodies_without_a_length_are_limited_while_they_stream(coordinat
     )
 
 
+# The OpenAI gateway checks the key before it reads a body: a stranger's is never read (a 401), a caller's is
+# limited as any other.
+GATEWAY_BODIES = ("/v1/completions", "/v1/chat/completions")
+
+
 def test_every_operation_that_takes_a_body_limits_it(coordinator):
     """Every body path of the schema, sent chunked past its limit by a stranger: 413 before anything."""
     limits = coordinator.ctx.settings
+    token = coordinator.http.post("/v1/accounts", json={"name": "caller"}).json()["token"]
     for path, methods in coordinator.http.get("/openapi.json").json()["paths"].items():
         for method, operation in methods.items():
             if "requestBody" not in operation:
                 continue
             url = re.sub(r"{[^}]+}", "a" * 64, path)
             limit = limits.max_blob_bytes if path == "/v1/blobs/{digest}" else limits.max_request_bytes
-            response = coordinator.http.request(method, url, content=_chunks(b"{" + b" " * limit + b"}"))
+            headers = {"Authorization": f"Bearer {token}"} if path in GATEWAY_BODIES else {}
+            body = _chunks(b"{" + b" " * limit + b"}")
+            response = coordinator.http.request(method, url, content=body, headers=headers)
             assert response.status_code == 413, (method, path, response.status_code, response.text)
 
 

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from sqlalchemy import update
 
 from gpuflex.cli.deploy import upload_served_model
+from gpuflex.cli.jobs import upload_model
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import Job
 from gpuflex.errors import BadRequest, Conflict, InsufficientFunds, NotFound
@@ -141,8 +142,14 @@ def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refus
     char = alice.submit(JobSpec.model_validate({"name": "c", "data": {"source": "none"}, "budget": 0.1}))
     with pytest.raises(BadRequest, match="recipe char-gpt, which is not a transformers model"):
         alice.deploy(DeploymentSpec.model_validate({"name": "d", "model": {"job": char.id}, "budget": 0.1}))
-    tuned = {"recipe": "hf-causal-lm", "model": {"architecture": "llama", "n_embd": 32}}
-    hf = alice.submit(JobSpec.model_validate({"name": "h", "training": tuned, "budget": 0.1}))
+    scratch = {"recipe": "hf-causal-lm", "model": {"architecture": "llama", "n_embd": 32}}
+    fresh = alice.submit(JobSpec.model_validate({"name": "s", "training": scratch, "budget": 0.1}))
+    with pytest.raises(BadRequest, match="trained a model from scratch"):
+        alice.deploy(DeploymentSpec.model_validate({"name": "d", "model": {"job": fresh.id}, "budget": 0.1}))
+    tuned = {"recipe": "hf-causal-lm", "model": {"from": str(model_dir)}, "lora": {"r": 4}}
+    hf = alice.submit(
+        upload_model(alice, JobSpec.model_validate({"name": "h", "training": tuned, "budget": 0.1}))
+    )
     from_job = DeploymentSpec.model_validate({"name": "d", "model": {"job": hf.id[:5]}, "budget": 0.1})
     with pytest.raises(Conflict, match="has no checkpoint yet"):
         alice.deploy(from_job)
@@ -150,5 +157,5 @@ def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refus
         s.execute(update(Job).where(Job.id == hf.id).values(checkpoint="c" * 64))
     pinned = alice.deployment(alice.deploy(from_job).id).spec.model
     assert (pinned.job, pinned.checkpoint, pinned.training.recipe) == (hf.id, "c" * 64, "hf-causal-lm")
-    assert pinned.size.hidden == 32 and pinned.size.parameters > 0
+    assert pinned.size == alice.job(hf.id).spec.training.model.size
     assert alice.deployments()[0].model == f"job {hf.id} (checkpoint cccccccccccc)"

@@ -1,5 +1,5 @@
-"""Deployment commands: ``gpuflex deploy``, ``deployments``, and the ``deployment`` group
-(``show | scale | stop``)."""
+"""Deployment commands: ``gpuflex deploy``, ``deployments``, ``chat``, and the ``deployment`` group
+(``show | scale | stop | key create``)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ from rich.console import Console
 from gpuflex.cli.jobs import upload_model
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, credits, print_json, table
-from gpuflex.cli.profile import consumer_client
+from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
 from gpuflex.protocol.spec import JobSpec, describe_validation_error
 
 deployment_app = typer.Typer(help="Follow and manage one deployment.", no_args_is_help=True)
+key_app = typer.Typer(help="API keys scoped to one deployment.", no_args_is_help=True)
+deployment_app.add_typer(key_app, name="key")
 console = Console()
 DeploymentId = Annotated[
     str, typer.Argument(help="deployment id as `gpuflex deployments` lists it, or any unique prefix of it")
@@ -114,6 +116,10 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     for c in d.costs:
         costs.add_row(c.node_id, c.name, c.kind, f"{c.seconds:.1f}", f"{c.cost:.6f}")
     console.print(costs)
+    keys = table("key", "requests", "prompt tokens", "completion tokens", ids=["key"], title="API keys")
+    for k in d.keys:
+        keys.add_row(k.id, str(k.requests), str(k.prompt_tokens), str(k.completion_tokens))
+    console.print(keys)
 
 
 @deployment_app.command("scale")
@@ -137,3 +143,51 @@ def stop(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> N
         f"deployment {d.id} stopped; spent {credits(d.spent)} of a {credits(d.budget)} budget, "
         f"{refund} refunded"
     )
+
+
+@key_app.command("create")
+def create_key(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> None:
+    """An API key that reaches this deployment only: give it to an application (the openai client's
+    api_key, with base_url the coordinator's /v1). Shown this once."""
+    target = resolve(url, token)
+    k = target.client().create_key(deployment_id)
+    console.print(f"API key {k.id} of deployment {k.deployment_id} (shown once, store it):", highlight=False)
+    typer.echo(k.key)
+    console.print(
+        f'OpenAI(base_url="{target.url.rstrip("/")}/v1", api_key=KEY) with model="{k.deployment_id}"',
+        highlight=False,
+    )
+
+
+def chat(
+    deployment_id: DeploymentId,
+    system: Annotated[str | None, typer.Option(help="a system message to begin with")] = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Chat with a deployment in the terminal, its answers streamed (the openai package, through the
+    coordinator's gateway, with your account token). An empty line or Ctrl-D ends it."""
+    from openai import OpenAI, OpenAIError
+
+    target = resolve(url, token)
+    client = OpenAI(base_url=f"{target.url.rstrip('/')}/v1", api_key=target.token or "none", max_retries=0)
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    while True:
+        try:
+            line = console.input("[bold]you>[/] ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        answer = []
+        try:
+            stream = client.chat.completions.create(model=deployment_id, messages=messages, stream=True)
+            for chunk in stream:
+                if chunk.choices and (text := chunk.choices[0].delta.content):
+                    answer.append(text)
+                    console.print(text, end="", markup=False, highlight=False)
+        except OpenAIError as err:
+            raise BadRequest(f"the gateway refused: {err}") from None
+        console.print()
+        messages.append({"role": "assistant", "content": "".join(answer)})

@@ -105,6 +105,11 @@ class Client:
         response = self.http.request("POST", f"/v1/deployments/{deployment_id}/stop")
         return m.DeploymentInfo.model_validate(response.json())
 
+    def create_key(self, deployment_id: str) -> m.DeploymentKeyCreated:
+        """An API key scoped to the deployment, for OpenAI clients; its secret is shown this once."""
+        response = self.http.request("POST", f"/v1/deployments/{deployment_id}/keys")
+        return m.DeploymentKeyCreated.model_validate(response.json())
+
     def offers(self, query: str = "", order: str = "") -> list[m.Offer]:
         """The nodes on offer that ``query`` matches (``gpuflex.market.query``: e.g. ``"vram>=16
         price<=0.5"``; empty: all), sorted by ``order`` (e.g. ``"price,-reliability"``)."""

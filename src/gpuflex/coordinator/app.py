@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex import __version__
-from gpuflex.coordinator import web
-from gpuflex.coordinator.auth import anonymous_call
+from gpuflex.coordinator import gateway, web
+from gpuflex.coordinator.auth import anonymous_call, gateway_caller
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.coordinator.fastpath import NodeCallFastPath
@@ -29,6 +29,7 @@ from gpuflex.coordinator.limits import BodySizeLimit
 from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
 from gpuflex.coordinator.metrics import router as metrics_router
 from gpuflex.coordinator.ratelimit import RateLimits
+from gpuflex.coordinator.relay import Relay
 from gpuflex.coordinator.routes import (
     COMMON_ERRORS,
     accounts,
@@ -40,8 +41,10 @@ from gpuflex.coordinator.routes import (
     market,
     nodes,
     operator,
+    relay,
     tasks,
 )
+from gpuflex.coordinator.routes.openai import create_router
 from gpuflex.coordinator.services import governance as governance_service
 from gpuflex.coordinator.services import jobs as job_service
 from gpuflex.coordinator.services import leases, liveness, payouts, registry
@@ -208,6 +211,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     app.state.metrics = metrics
     app.state.heartbeats = heartbeats
     app.state.lease_granter = lease_granter
+    app.state.relay = Relay()
     app.state.rate_limits = RateLimits(
         rate_per_s=ctx.settings.rate_limit_per_s,
         burst=ctx.settings.rate_limit_burst,
@@ -216,8 +220,10 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         clock=ctx.now,
     )
     api = APIRouter(prefix=f"/{API_VERSION}", responses=COMMON_ERRORS)
-    for module in (accounts, jobs, deployments, nodes, tasks, blobs, market, ledger, governance, operator):
+    routers = (accounts, jobs, deployments, nodes, tasks, relay, blobs, market, ledger, governance, operator)
+    for module in routers:
         api.include_router(module.router)
+    api.include_router(create_router(gateway.backend, gateway_caller))  # the OpenAI API
     app.include_router(api)
     app.include_router(metrics_router)
     web.install(app, ctx)

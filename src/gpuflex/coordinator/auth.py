@@ -10,6 +10,7 @@ that proves nobody is charged to the client's address.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -18,10 +19,10 @@ from starlette.concurrency import run_in_threadpool
 
 from gpuflex.auth import signing
 from gpuflex.auth.signing import HEADER_NODE, HEADER_SIGNATURE
-from gpuflex.auth.tokens import API_PREFIX, TASK_PREFIX
+from gpuflex.auth.tokens import API_PREFIX, DEPLOYMENT_KEY_PREFIX, TASK_PREFIX
 from gpuflex.coordinator.context import CoordinatorContext
-from gpuflex.coordinator.db import Account, Lease, Node
-from gpuflex.coordinator.services import accounts, leases, registry
+from gpuflex.coordinator.db import Account, Job, Lease, Node
+from gpuflex.coordinator.services import accounts, deployment_keys, leases, registry
 from gpuflex.errors import Forbidden, Unauthorized
 
 
@@ -72,6 +73,35 @@ def current_task(request: Request, ctx: Ctx) -> Lease:
         lease = leases.authenticate_task(s, token, ctx.now())
     charge(request, f"lease:{lease.id}")
     return lease
+
+
+@dataclass(frozen=True)
+class GatewayCaller:
+    """Who calls the OpenAI gateway: an account (its token: any of its deployments), or an API key of
+    one deployment (``key_id``: only ``deployment_id``, on its owner's behalf)."""
+
+    account_id: str
+    key_id: str | None = None
+    deployment_id: str | None = None
+
+
+def gateway_caller(request: Request, ctx: Ctx) -> GatewayCaller:
+    token = _bearer(request)
+    if token and token.startswith(DEPLOYMENT_KEY_PREFIX):
+        with ctx.read() as s:
+            key = deployment_keys.authenticate(s, token)
+            owner = s.get(Job, key.deployment_id).account_id
+        charge(request, f"key:{key.id}")
+        return GatewayCaller(owner, key.id, key.deployment_id)
+    if token and token.startswith(API_PREFIX):
+        with ctx.read() as s:
+            account = accounts.authenticate(s, token)
+        charge(request, f"account:{account.id}")
+        return GatewayCaller(account.id)
+    raise Unauthorized(
+        "missing or malformed API key: send a deployment's key (`gpuflex deployment key create DEP`) or "
+        "your account token as Authorization: Bearer KEY (the openai client's api_key)"
+    )
 
 
 def operator(request: Request, ctx: Ctx) -> None:

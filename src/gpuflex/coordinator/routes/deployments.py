@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import deployments, governance
+from gpuflex.coordinator.services import deployment_keys, deployments, governance
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/deployments", tags=["deployments"], responses=errors(404, 409))
@@ -53,3 +53,12 @@ def stop(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
         info = deployments.info(s, deployment, ctx.now())
     log.info("deployment stopped", extra={"job_id": info.id})
     return info
+
+
+@router.post("/{deployment_id}/keys", status_code=201)
+def create_key(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentKeyCreated:
+    """An API key that reaches this deployment only (through the OpenAI gateway); shown this once."""
+    with ctx.tx() as s:
+        created = deployment_keys.create(s, deployments.owned(s, account, deployment_id), ctx.now())
+    log.info("deployment key %s created", created.id, extra={"job_id": created.deployment_id})
+    return created

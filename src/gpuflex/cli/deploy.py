@@ -12,7 +12,7 @@ from rich.console import Console
 
 from gpuflex.cli.jobs import upload_model
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.output import Json, credits, print_json, table
+from gpuflex.cli.output import Json, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
@@ -138,11 +138,7 @@ def scale(
 def stop(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> None:
     """Stop a deployment: providers are paid for the time served, the rest is refunded."""
     d = consumer_client(url, token).stop_deployment(deployment_id)
-    refund = credits(d.budget - d.spent)
-    console.print(
-        f"deployment {d.id} stopped; spent {credits(d.spent)} of a {credits(d.budget)} budget, "
-        f"{refund} refunded"
-    )
+    console.print(settled(f"deployment {d.id}", "stopped", d.spent, d.budget))
 
 
 @key_app.command("create")

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from gpuflex.cli.data import upload_prepared
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.output import Json, credits, print_json, table
+from gpuflex.cli.output import Json, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client
 from gpuflex.cli.report import cost_table, write_report
 from gpuflex.cli.watch import EXIT_CODES, TERMINAL, watch_job
@@ -284,11 +284,7 @@ def logs(job_id: JobId, url: Url = None, token: Token = None) -> None:
 def cancel(job_id: JobId, url: Url = None, token: Token = None) -> None:
     """Cancel a job: providers are paid for time used, the rest is refunded."""
     job = consumer_client(url, token).cancel(job_id)
-    refund = credits(job.budget - job.spent)
-    console.print(
-        f"job {job.id} {job.state}; spent {credits(job.spent)} of a {credits(job.budget)} budget, "
-        f"{refund} refunded"
-    )
+    console.print(settled(f"job {job.id}", job.state, job.spent, job.budget))
 
 
 @job_app.command("fetch")

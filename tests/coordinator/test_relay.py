@@ -26,6 +26,8 @@ from gpuflex.protocol.relay import (
 from gpuflex.serve.engine import Event
 from gpuflex.serve.sampling import SamplingParams
 
+LIVE = {"l-1", "l-2"}  # the deployment's live leases
+
 
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
@@ -45,7 +47,7 @@ def caller() -> Iterator[ThreadPoolExecutor]:
 
 
 def poll(loop, relay: Relay, lease: str, wait_s: float = 5.0) -> Future[RelayWork]:
-    return asyncio.run_coroutine_threadsafe(relay.poll(lease, "d-1", wait_s), loop)
+    return asyncio.run_coroutine_threadsafe(relay.poll(lease, wait_s), loop)
 
 
 def request(i: int) -> RelayRequest:
@@ -70,7 +72,7 @@ def test_a_waiting_poll_takes_a_request_at_once_and_its_events_come_back_in_orde
     waiting = poll(loop, relay, "l-1")
     time.sleep(0.1)  # the poll waits
     started = time.monotonic()
-    submitted = caller.submit(relay.submit, "d-1", request(1), SamplingParams())
+    submitted = caller.submit(relay.submit, "d-1", request(1), SamplingParams(), LIVE)
     work = waiting.result(timeout=2)
     assert [r.id for r in work.requests] == ["r1"] and time.monotonic() - started < 0.5
     relay.deliver("l-1", [RelayEvent(id="r1", kind="started")])
@@ -92,9 +94,9 @@ def test_requests_go_to_the_replica_with_the_fewest_open_and_a_refusal_is_the_ca
     relay = Relay()
     for lease in ("l-1", "l-2"):
         poll(loop, relay, lease, 0).result(timeout=2)  # both connected
-    first = caller.submit(relay.submit, "d-1", request(1), SamplingParams())
+    first = caller.submit(relay.submit, "d-1", request(1), SamplingParams(), LIVE)
     time.sleep(0.1)
-    second = caller.submit(relay.submit, "d-1", request(2), SamplingParams())
+    second = caller.submit(relay.submit, "d-1", request(2), SamplingParams(), LIVE)
     time.sleep(0.1)
     taken = {
         lease: [r.id for r in poll(loop, relay, lease, 0).result(timeout=2).requests]
@@ -114,7 +116,7 @@ def test_requests_go_to_the_replica_with_the_fewest_open_and_a_refusal_is_the_ca
 def test_a_client_that_leaves_cancels_its_request_on_the_replica(loop, caller):
     relay = Relay()
     poll(loop, relay, "l-1", 0).result(timeout=2)
-    submitted = caller.submit(relay.submit, "d-1", request(1), SamplingParams())
+    submitted = caller.submit(relay.submit, "d-1", request(1), SamplingParams(), LIVE)
     time.sleep(0.1)
     poll(loop, relay, "l-1", 0).result(timeout=2)
     relay.deliver("l-1", [RelayEvent(id="r1", kind="started")])
@@ -126,8 +128,11 @@ def test_a_deployment_without_a_connected_replica_is_a_503_to_the_caller(loop):
     now = [0.0]
     relay = Relay(clock=lambda: now[0])
     with pytest.raises(ServiceError, match="has no replica serving yet"):
-        relay.submit("d-1", request(1), SamplingParams())
+        relay.submit("d-1", request(1), SamplingParams(), LIVE)
+    poll(loop, relay, "l-9", 0).result(timeout=2)  # polling, but its lease has ended (scaled away)
+    with pytest.raises(ServiceError, match="has no replica serving yet"):
+        relay.submit("d-1", request(1), SamplingParams(), LIVE)
     poll(loop, relay, "l-1", 0).result(timeout=2)
     now[0] = STALE_S + 1  # it stopped polling
     with pytest.raises(ServiceError, match="has no replica serving yet"):
-        relay.submit("d-1", request(1), SamplingParams())
+        relay.submit("d-1", request(1), SamplingParams(), LIVE)

@@ -64,7 +64,9 @@ class GatewayBackend:
             ),
             fill=fill,
         )
-        generation = self.relay.submit(model, request, params)
+        with self.ctx.read() as s:
+            live = deployments.live_replicas(s, model)
+        generation = self.relay.submit(model, request, params, live)
         if self.caller.key_id is not None:
             generation.on_done = self._count
         return generation

@@ -18,7 +18,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 
 from gpuflex.errors import ServiceError, from_status
@@ -104,7 +104,6 @@ def _completion(done: RelayCompletion, params: SamplingParams) -> Completion:
 class _Replica:
     """One replica's line: what waits to be polled, what it serves, and how to wake its poll."""
 
-    deployment_id: str
     loop: asyncio.AbstractEventLoop
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     requests: list[RelayRequest] = field(default_factory=list)
@@ -133,12 +132,12 @@ class Relay:
         self._lock = threading.Lock()
         self._replicas: dict[str, _Replica] = {}
 
-    async def poll(self, lease_id: str, deployment_id: str, wait_s: float) -> RelayWork:
+    async def poll(self, lease_id: str, wait_s: float) -> RelayWork:
         """The work waiting for the replica of ``lease_id``, as soon as there is some or after ``wait_s``."""
         with self._lock:
             replica = self._replicas.get(lease_id)
             if replica is None:
-                replica = self._replicas[lease_id] = _Replica(deployment_id, asyncio.get_running_loop())
+                replica = self._replicas[lease_id] = _Replica(asyncio.get_running_loop())
             if replica.requests or replica.cancels:
                 return replica.take()
             replica.wake.clear()  # on the loop, as notify's set is: no wake-up falls between
@@ -168,16 +167,17 @@ class Relay:
                     del replica.open[event.id]
                 generation.put(event)
 
-    def submit(self, deployment_id: str, request: RelayRequest, params: SamplingParams) -> RemoteGeneration:
-        """Hand ``request`` to the connected replica of the deployment with the fewest requests open, and
-        wait until it took it; raises what it refused the request with."""
+    def submit(
+        self, deployment_id: str, request: RelayRequest, params: SamplingParams, leases: Collection[str]
+    ) -> RemoteGeneration:
+        """Hand ``request`` to the connected replica of the deployment with the fewest requests open, among
+        those of live ``leases``, and wait until it took it; raises what it refused the request with."""
         with self._lock:
             now = self._clock()
             for lease_id in [k for k, r in self._replicas.items() if now - r.seen > 10 * SILENCE_S]:
                 if not self._replicas[lease_id].polls:
                     del self._replicas[lease_id]  # a replica long gone
-            live = [(k, r) for k, r in self._replicas.items() if r.deployment_id == deployment_id]
-            live = [(k, r) for k, r in live if r.connected(now)]
+            live = [(k, r) for k, r in self._replicas.items() if k in leases and r.connected(now)]
             if not live:
                 raise ServiceError(
                     f"deployment {deployment_id} has no replica serving yet: one is being placed or is "

@@ -31,7 +31,7 @@ async def poll(
     request: Request, lease: ServerLease, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 20.0
 ) -> RelayWork:
     """The requests to serve and to cancel, as soon as there are some or after ``wait`` seconds."""
-    return await request.app.state.relay.poll(lease.id, lease.job_id, wait)
+    return await request.app.state.relay.poll(lease.id, wait)
 
 
 @router.post("/events")

@@ -111,6 +111,13 @@ def servable(session: Session, account_id: str, name: str) -> Job:
     return ids.lookup(session, Job, name, *scope, what="deployment")
 
 
+def live_replicas(session: Session, deployment_id: str) -> set[str]:
+    """The leases of the deployment's replicas that are live now: only they are handed requests (a
+    replica scaled away or lost may still be polling until its agent stops it)."""
+    query = select(Lease.id).where(Lease.job_id == deployment_id, Lease.state == "active")
+    return set(session.scalars(query))
+
+
 def serving(session: Session, account_id: str) -> list[Job]:
     """The open deployments of ``account_id``, oldest first."""
     scope = (Job.account_id == account_id, Job.kind == KIND, Job.state.in_(OPEN_JOB_STATES))

@@ -239,6 +239,8 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         limits={  # the first prefix that matches wins
             f"/{API_VERSION}/blobs/missing": ctx.settings.max_request_bytes,
             f"/{API_VERSION}/blobs/": ctx.settings.max_blob_bytes,
+            # a replica's events: a batch of completions, each with its prompt's and output's token ids
+            f"/{API_VERSION}/task/relay/events": ctx.settings.max_blob_bytes,
         },
     )
     app.add_middleware(RequestMetrics, metrics=metrics)

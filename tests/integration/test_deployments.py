@@ -84,9 +84,15 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
                 caller.completions.create(model=model, prompt=long, max_tokens=4)
             assert refused.value.body["message"] and refused.value.status_code < 500
 
+        # the owner's account token: served, not counted on the key
+        chatted = CliRunner().invoke(app, ["chat", "my-model", *who], input="alpha beta\n\n")
+        assert chatted.exit_code == 0 and chatted.output.count("you>") == 2, chatted.output
         shown = client.deployment(deployment)
         assert [(k.requests, k.completion_tokens > 0) for k in shown.keys] == [(4, True)]  # 3 + the probe
         assert (shown.state, shown.live_replicas) == ("running", 1)
+        listed = _cli("deployments", *who)
+        assert deployment in listed and "1/1" in listed and other.id in listed
+        assert shown.keys[0].id in _cli("deployment", "show", deployment, *who)
         stopped = client.stop_deployment(deployment)
         client.stop_deployment(other.id)
         assert client.balance().balance == pytest.approx(5 - stopped.spent)

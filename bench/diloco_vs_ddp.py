@@ -786,8 +786,8 @@ def main_sizes(args: argparse.Namespace, corpus: bytes, seeds: tuple[int, ...] |
                     run.size = name
                     _report(run)
                     runs = merge(runs, [run])
-            summary = _sizes_summary(settings, runs)
-            write_results_sizes(path, summary, runs)  # after every size: a long sweep that dies keeps it
+                    summary = _sizes_summary(settings, runs)
+                    write_results_sizes(path, summary, runs)  # after every run: a sweep cut short keeps it
     return {
         "gaps": summary["gaps"],
         "falls_for_every_config": summary["falls_for_every_config"],

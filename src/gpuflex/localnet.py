@@ -14,13 +14,24 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from gpuflex.client.http import trusting
 from gpuflex.errors import ServiceError
 
 CORE_TOKEN = "localnet-core-token"
+
+
+@dataclass(frozen=True)
+class Tls:
+    """HTTPS for the coordinator: its certificate and key, and the CA every process verifies it with."""
+
+    cert: Path
+    key: Path
+    ca: Path
 
 
 def free_port() -> int:
@@ -31,11 +42,17 @@ def free_port() -> int:
 
 class LocalNetwork:
     def __init__(
-        self, root: Path, *, database_url: str | None = None, settings: dict[str, str] | None = None
+        self,
+        root: Path,
+        *,
+        database_url: str | None = None,
+        settings: dict[str, str] | None = None,
+        tls: Tls | None = None,
     ):
         self.root = Path(root)
         self.database_url = database_url
         self.settings = settings or {}
+        self.tls = tls
         self.url = ""
         self.coordinator: subprocess.Popen | None = None
         self.replicas: dict[str, subprocess.Popen] = {}  # more coordinators on the same database, by URL
@@ -57,9 +74,10 @@ class LocalNetwork:
         log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "GPUFLEX_CORE_TOKEN": CORE_TOKEN, **self.settings}
         env.pop("GPUFLEX_TOKEN", None)
+        trust = ["--ca", str(self.tls.ca)] if self.tls else []
         with open(log_dir / f"{name}.log", "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "gpuflex", *args],
+                [sys.executable, "-m", "gpuflex", *trust, *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -85,8 +103,10 @@ class LocalNetwork:
         args = ["coordinator", "serve", "--port", str(port), "--data-dir", str(self.root / "coordinator")]
         if self.database_url:
             args += ["--database-url", self.database_url]
+        if self.tls:
+            args += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
         process = self._spawn(name, args)
-        url = f"http://127.0.0.1:{port}"
+        url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
         self._wait_healthy(name, url, process, timeout_s)
         return url, process
 
@@ -96,7 +116,9 @@ class LocalNetwork:
             if process.poll() is not None:
                 raise ServiceError(f"{name} exited at start:\n{self.log_tail(name)}")
             try:
-                if httpx.get(f"{url}/healthz", timeout=1).is_success:
+                if httpx.get(
+                    f"{url}/healthz", timeout=1, verify=trusting(self.tls and self.tls.ca)
+                ).is_success:
                     return
             except httpx.TransportError:
                 pass

@@ -302,8 +302,15 @@ def test_ctrl_c_on_submit_watch_says_the_job_goes_on_and_how_to_watch_or_cancel_
         assert "budget 0.005 credits in escrow" in submitted, submitted
         job_id = submitted.split()[2]
         time.sleep(1)  # into the watching, which the line above comes just before
+        dispositions = _signal_dispositions(process.pid)  # what the child inherited, should it hang
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"no exit within 60 s of SIGINT; the child's signal masks then: {dispositions}; this process's "
+            f"SIGINT handler {signal.getsignal(signal.SIGINT)}, "
+            f"blocked {signal.pthread_sigmask(signal.SIG_BLOCK, [])}"
+        )
     finally:
         process.kill()  # whatever went wrong: it would watch the job forever
         process.wait()
@@ -313,3 +320,14 @@ def test_ctrl_c_on_submit_watch_says_the_job_goes_on_and_how_to_watch_or_cancel_
     assert "Traceback" not in err
     assert net.alice.job(job_id).state == "pending"
     net.alice.cancel(job_id)
+
+
+def _signal_dispositions(pid: int) -> dict[str, str]:
+    """The ignored, blocked and caught signal masks of ``pid`` (``/proc``): SIGINT is bit 1 (0x2). A full
+    run once saw the watch ignore SIGINT, which a child inherits when its parent ignores or blocks it."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {
+        k: v.strip()
+        for k, _, v in (line.partition(":") for line in lines)
+        if k in ("SigIgn", "SigBlk", "SigCgt")
+    }

@@ -10,6 +10,7 @@ SIGTERM it hands its task back (so the market re-leases it at once), says goodby
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import threading
 import time
@@ -35,6 +36,7 @@ class AgentConfig:
     data_dir: Path
     price_per_hour: float
     kind: m.NodeKind = "community"
+    ca: str | None = None  # the CA that signed an HTTPS coordinator's certificate; None: the system's
     core_token: str | None = None
     region: str = "local"
     available_hours: float | None = None  # on offer for this long from the agent's start; None: open-ended
@@ -60,7 +62,7 @@ class Agent:
         self.config = config
         self.limits = config.limits
         self.key = NodeKey.load_or_create(config.data_dir / "node.key")
-        self.client = NodeClient(config.coordinator_url, self.key)
+        self.client = NodeClient(config.coordinator_url, self.key, ca=config.ca)
         self.stopping = threading.Event()
         self.heartbeat_interval_s = 2.0
         self.task: RunningTask | None = None  # owned by the main loop; the heartbeat thread only reads it
@@ -171,6 +173,10 @@ class Agent:
         workdir = self.config.data_dir / "tasks" / grant.lease_id
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "task.json").write_text(self._task_config(grant).model_dump_json())
+        trust = {}
+        if self.config.ca:  # the task is confined to its directory: it gets its own copy to read
+            shutil.copyfile(self.config.ca, workdir / "ca.pem")
+            trust = {"GPUFLEX_CA": str(workdir / "ca.pem")}
         process = start_task(
             [sys.executable, "-m", "gpuflex.agent.runner", "task.json"],
             workdir=workdir,
@@ -181,6 +187,7 @@ class Agent:
                 "GPUFLEX_TASK_MIN_STEP_S": str(self.config.emulate_step_s),
                 "GPUFLEX_SHARD_CACHE": str(self.cache.root),
                 "GPUFLEX_SHARD_CACHE_BYTES": str(self.cache.limit_bytes),
+                **trust,
             },
             limits=self.limits,
             log_path=workdir / "task.log",

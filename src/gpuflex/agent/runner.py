@@ -36,8 +36,12 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.update(requested=True))
     agent = os.getppid()  # if the agent dies (kill -9), nobody supervises or renews us: stop too
     config = TypeAdapter(AnyTaskConfig).validate_json(Path(argv[0]).read_text())
-    url, token = os.environ["GPUFLEX_COORDINATOR_URL"], os.environ["GPUFLEX_TASK_TOKEN"]
-    client = TaskClient(url, token)
+    url, token, ca = (
+        os.environ["GPUFLEX_COORDINATOR_URL"],
+        os.environ["GPUFLEX_TASK_TOKEN"],
+        os.environ.get("GPUFLEX_CA"),
+    )
+    client = TaskClient(url, token, ca=ca)
     min_step_s = float(os.environ.get("GPUFLEX_TASK_MIN_STEP_S", "0"))
     cache = None  # the agent's shard cache, shared by its tasks: shards and model files go there
     if cache_dir := os.environ.get("GPUFLEX_SHARD_CACHE"):
@@ -48,7 +52,7 @@ def main(argv: list[str]) -> int:
 
     try:
         if isinstance(config, ServerConfig):  # a deployment's replica: it serves, it does not train
-            sender = TaskClient(url, token)
+            sender = TaskClient(url, token, ca=ca)
             try:
                 summary = run_server(config, client, sender, cache, should_stop)
             finally:

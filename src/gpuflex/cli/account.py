@@ -1,5 +1,6 @@
 """``gpuflex account create | use | profiles``, ``whoami``, and ``wallet deposit | balance``."""
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -7,7 +8,7 @@ from rich.console import Console
 
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, credits, print_json, table
-from gpuflex.cli.profile import Profiles, Saved, consumer_client, masked, resolve, resolve_url
+from gpuflex.cli.profile import Profiles, Saved, consumer_client, masked, resolve, resolve_ca, resolve_url
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.protocol import messages as m
@@ -35,12 +36,13 @@ def create(
     profiles = Profiles.load(unreadable_ok=force) if save else None
     if profiles is not None and not force:
         profiles.check_free(name)  # before the account exists, not after
-    created = Client(url).create_account(name)
+    ca = resolve_ca(saved=False)  # a new profile's own: not another profile's
+    created = Client(url, ca=ca).create_account(name)
     console.print(f"account [bold]{created.name}[/] ({created.account_id})")
     console.print(f"token: [bold]{created.token}[/]")
     if profiles is None:
         return
-    profiles.add(name, Saved(url=url, token=created.token))
+    profiles.add(name, Saved(url=url, token=created.token, ca=str(Path(ca).resolve()) if ca else None))
     profiles.save()
     if profiles.default == name:
         how = "the default one: commands use it unless --profile or GPUFLEX_PROFILE name another"
@@ -87,7 +89,8 @@ def whoami(url: Url = None, token: Token = None) -> None:
     me = target.client().me()
     profile = f"{target.profile} ({target.why})" if target.profile else "none (--token / GPUFLEX_TOKEN)"
     console.print(
-        f"account: [bold]{me.name}[/] ({me.account_id})\ncoordinator: {target.url}\nprofile: {profile}\n"
+        f"account: [bold]{me.name}[/] ({me.account_id})\ncoordinator: {target.url}"
+        f"{f' (verified with the CA in {target.ca})' if target.ca else ''}\nprofile: {profile}\n"
         f"balance: {credits(me.balance)} credits",
         highlight=False,
     )

@@ -57,6 +57,11 @@ def serve(
         bool, typer.Option("--migrate/--no-migrate", help="upgrade the schema first")
     ] = True,
     log_format: LogFormatOption = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(help="serve HTTPS with this PEM certificate (chain); clients verify it (--ca)"),
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the private key of --tls-cert (PEM)")] = None,
 ) -> None:
     """Serve the HTTP API (OpenAPI docs at /docs), the dashboard (/dashboard) and metrics (/metrics)."""
     import uvicorn
@@ -65,6 +70,11 @@ def serve(
     from gpuflex.coordinator.app import create_app
     from gpuflex.coordinator.migrate import upgrade
 
+    if (tls_cert is None) != (tls_key is None):
+        raise BadRequest("--tls-cert and --tls-key go together: give both to serve HTTPS, or neither")
+    for flag, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not path.is_file():
+            raise BadRequest(f"{flag} {path}: no such file")
     settings = _settings(data_dir, database_url, log_format=log_format)
     jsonlog.configure(settings.log_format)
     if migrate_first:
@@ -75,7 +85,8 @@ def serve(
     core = "GPUFLEX_CORE_TOKEN" if settings.core_token else settings.data_dir / "core_token"
     operator = "GPUFLEX_OPERATOR_TOKEN" if settings.operator_token else settings.data_dir / "operator_token"
     console.print(
-        f"serving on http://{host}:{port} (dashboard at /dashboard, docs at /docs); core token in {core}, "
+        f"serving on {'https' if tls_cert else 'http'}://{host}:{port} (dashboard at /dashboard, docs at "
+        f"/docs); core token in {core}, "
         f"operator token in {operator}"
     )
     uvicorn.run(
@@ -85,4 +96,6 @@ def serve(
         log_level="warning",
         log_config=None,
         timeout_keep_alive=settings.keep_alive_s,
+        ssl_certfile=tls_cert,
+        ssl_keyfile=tls_key,
     )

@@ -163,10 +163,18 @@ def chat(
 ) -> None:
     """Chat with a deployment in the terminal, its answers streamed (the openai package, through the
     coordinator's gateway, with your account token). An empty line or Ctrl-D ends it."""
+    import httpx
     from openai import OpenAI, OpenAIError
 
+    from gpuflex.client.http import trusting
+
     target = resolve(url, token)
-    client = OpenAI(base_url=f"{target.url.rstrip('/')}/v1", api_key=target.token or "none", max_retries=0)
+    client = OpenAI(
+        base_url=f"{target.url.rstrip('/')}/v1",
+        api_key=target.token or "none",
+        max_retries=0,
+        http_client=httpx.Client(verify=trusting(target.ca)),  # the coordinator's CA, as the CLI's own
+    )
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     while True:
         try:

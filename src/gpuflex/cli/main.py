@@ -26,7 +26,7 @@ from gpuflex.cli import (
     sim,
     train,
 )
-from gpuflex.cli.options import Profile
+from gpuflex.cli.options import Ca, Profile
 from gpuflex.errors import GPUFlexError
 
 app = typer.Typer(
@@ -38,9 +38,10 @@ app = typer.Typer(
 
 
 @app.callback()
-def _options(profile_name: Profile = None) -> None:
-    """Options of ``gpuflex`` itself, before the command: ``--profile`` picks a saved profile."""
-    profile.choose(profile_name)
+def _options(profile_name: Profile = None, ca: Ca = None) -> None:
+    """Options of ``gpuflex`` itself, before the command: ``--profile`` picks a saved profile, ``--ca``
+    the CA that signed an HTTPS coordinator's certificate."""
+    profile.choose(profile_name, ca)
 
 
 app.command("demo")(demo.demo)

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, credits, print_json, table
-from gpuflex.cli.profile import public_client, resolve_url
+from gpuflex.cli.profile import public_client, resolve_ca, resolve_url
 from gpuflex.client import Client
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
@@ -37,7 +37,7 @@ def slash(
     """Take a node's stake for a verdict (and with --job, its pay held for that job)."""
     if not operator_token:
         raise Unauthorized("slashing needs the operator token: --operator-token or GPUFLEX_OPERATOR_TOKEN")
-    record = Client(resolve_url(url), operator_token).slash(
+    record = Client(resolve_url(url), operator_token, ca=resolve_ca()).slash(
         m.SlashRequest(node_id=node_id, amount=amount, evidence=evidence, job_id=job)
     )
     withheld = f", {record.withheld:.6f} of held pay refunded to its owner" if record.job_id else ""

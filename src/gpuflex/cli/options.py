@@ -18,3 +18,11 @@ Profile = Annotated[
         "default profile]",
     ),
 ]
+Ca = Annotated[
+    str | None,
+    typer.Option(
+        "--ca",
+        help="trust the coordinator's HTTPS certificate if this CA (a PEM file) signed it \\[env GPUFLEX_CA; "
+        "default: the profile's, else the system's CAs]",
+    ),
+]

@@ -10,6 +10,10 @@ replaces a profile, or a file it cannot read, without ``--force``: a token is sh
 is a lost account. The chosen profile is the one the global ``gpuflex --profile NAME`` or
 ``GPUFLEX_PROFILE`` names, else the default. The file of older versions, one ``{"url", "token"}``,
 reads as a profile named ``default``.
+
+A coordinator that serves HTTPS with a certificate of a private CA is trusted through that CA's PEM file:
+the global ``gpuflex --ca FILE``, else ``GPUFLEX_CA``, else the chosen profile's ``ca`` (saved by
+``account create`` when one was given); with none, the system's CAs.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class ClientSettings(BaseSettings):
     url: str | None = None
     token: str | None = None
     profile: str | None = None
+    ca: str | None = None
 
 
 class Saved(BaseModel):
@@ -43,6 +48,7 @@ class Saved(BaseModel):
 
     url: str
     token: str
+    ca: str | None = None  # the PEM file of the CA that signed the coordinator's certificate
 
 
 class ProfileFile(BaseModel):
@@ -127,14 +133,16 @@ class Profiles:
             raise
 
 
-# ``gpuflex --profile NAME``: the app's callback (``cli.main``) passes it to ``choose``.
+# ``gpuflex --profile NAME --ca FILE``: the app's callback (``cli.main``) passes them to ``choose``.
 _flag: str | None = None
+_ca_flag: str | None = None
 
 
-def choose(name: str | None) -> None:
-    """Use profile ``name`` in this run of the CLI, whatever ``GPUFLEX_PROFILE`` and the default say."""
-    global _flag
-    _flag = _given("--profile", name)
+def choose(name: str | None, ca: str | None = None) -> None:
+    """Use profile ``name`` (and trust the CA in ``ca``) in this run of the CLI, whatever
+    ``GPUFLEX_PROFILE``, ``GPUFLEX_CA`` and the default say."""
+    global _flag, _ca_flag
+    _flag, _ca_flag = _given("--profile", name), _given("--ca", ca)
 
 
 @dataclass(frozen=True)
@@ -145,11 +153,12 @@ class Target:
     token: str | None
     profile: str | None = None
     why: str = ""  # why that profile: "the default", "--profile" or "GPUFLEX_PROFILE"
+    ca: str | None = None  # the CA that signed the coordinator's certificate; None: the system's
 
     def client(self) -> Client:
         if not self.token:
             raise Unauthorized("no API token: run `gpuflex account create NAME` or set GPUFLEX_TOKEN")
-        return Client(self.url, self.token)
+        return Client(self.url, self.token, ca=self.ca)
 
 
 def _given(flag: str, value: str | None) -> str | None:
@@ -162,8 +171,9 @@ def resolve(url: str | None = None, token: str | None = None) -> Target:
     """Each of URL and token from its flag, else its variable, else the chosen profile."""
     settings = ClientSettings()
     url, token = _given("--url", url) or settings.url, _given("--token", token) or settings.token
+    ca = _ca_flag or settings.ca
     if url and token:
-        return Target(url, token)
+        return Target(url, token, ca=ca)
     profiles = Profiles.load()
     if _flag:
         name, why = _flag, "--profile"
@@ -172,14 +182,21 @@ def resolve(url: str | None = None, token: str | None = None) -> Target:
     else:
         name, why = profiles.default, "the default"
     if name is None:
-        return Target(url or DEFAULT_URL, token)
+        return Target(url or DEFAULT_URL, token, ca=ca)
     saved = profiles.get(name)
-    return Target(url or saved.url, token or saved.token, name, why)
+    return Target(url or saved.url, token or saved.token, name, why, ca or saved.ca)
 
 
 def resolve_url(url: str | None) -> str:
     """The coordinator's URL alone (for commands that sign as a node, or need no token)."""
     return _given("--url", url) or ClientSettings().url or resolve().url
+
+
+def resolve_ca(*, saved: bool = True) -> str | None:
+    """The CA to verify the coordinator with: ``--ca``, else ``GPUFLEX_CA``, else (``saved``) the chosen
+    profile's."""
+    given = _ca_flag or ClientSettings().ca
+    return given or (resolve().ca if saved else None)
 
 
 def consumer_client(url: str | None, token: str | None) -> Client:
@@ -190,4 +207,4 @@ def public_client(url: str | None, token: str | None) -> Client:
     """A client for the network's public record (offers, the journal, verdicts, governance): it needs no
     token. One given (``--token``, ``GPUFLEX_TOKEN``) is sent, so the calls count as that account's; the
     saved one is not, as the URL may name another coordinator than the one it is for."""
-    return Client(resolve_url(url), _given("--token", token) or ClientSettings().token)
+    return Client(resolve_url(url), _given("--token", token) or ClientSettings().token, ca=resolve_ca())

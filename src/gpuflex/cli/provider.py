@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from gpuflex.auth.signing import NodeKey
-from gpuflex.cli.profile import resolve_url
+from gpuflex.cli.profile import resolve_ca, resolve_url
 from gpuflex.client import NodeClient
 from gpuflex.errors import BadRequest, NotFound
 from gpuflex.jsonlog import LogFormat
@@ -42,7 +42,7 @@ def node_key(name: str | None, data_dir: Path | None) -> NodeKey:
 
 def node_client(name: str | None, data_dir: Path | None, url: str | None) -> NodeClient:
     """A client that acts as that provider: each request signed with its key."""
-    return NodeClient(resolve_url(url), node_key(name, data_dir))
+    return NodeClient(resolve_url(url), node_key(name, data_dir), ca=resolve_ca())
 
 
 @provider_app.command("start")
@@ -105,6 +105,7 @@ def start(
     name = name or socket.gethostname()
     config = AgentConfig(
         coordinator_url=resolve_url(url),
+        ca=resolve_ca(),
         name=name,
         data_dir=_data_dir(data_dir, name),
         price_per_hour=price,
@@ -135,7 +136,7 @@ def dashboard(
     from gpuflex.client.http import HttpSession
 
     base = resolve_url(url).rstrip("/")
-    session = HttpSession(base, sign=node_key(name, data_dir).sign_request)
+    session = HttpSession(base, sign=node_key(name, data_dir).sign_request, ca=resolve_ca())
     try:
         link = session.request("POST", "/v1/nodes/dashboard-token").json()
     finally:

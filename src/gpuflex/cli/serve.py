@@ -94,7 +94,7 @@ def serve(
     host: Annotated[
         str, typer.Option(help="address to listen on (not loopback: needs --api-key)")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port to listen on")] = 8750,
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
     api_key: Annotated[
         str | None, typer.Option(help="the key clients must send (Authorization: Bearer KEY)")
     ] = None,

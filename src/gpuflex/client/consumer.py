@@ -15,9 +15,11 @@ class Client:
     """``Client(url, token)``. ``Client(url)``, with no token, creates an account and reads the network's
     public record: offers, the journal (``ledger``), verdicts (``slashes``) and governance."""
 
-    def __init__(self, url: str, token: str | None = None, *, retry_for_s: float = 0.0, transport=None):
+    def __init__(
+        self, url: str, token: str | None = None, *, retry_for_s: float = 0.0, transport=None, ca=None
+    ):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = HttpSession(url, headers=headers, retry_for_s=retry_for_s, transport=transport)
+        self.http = HttpSession(url, headers=headers, retry_for_s=retry_for_s, transport=transport, ca=ca)
 
     def close(self) -> None:
         self.http.close()

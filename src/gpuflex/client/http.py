@@ -1,13 +1,20 @@
-"""One HTTP session to the coordinator: errors become ``gpuflex.errors``, brief outages are retried."""
+"""One HTTP session to the coordinator: errors become ``gpuflex.errors``, brief outages are retried.
+
+Over ``https://`` the coordinator's certificate is verified against the system's CAs, or against ``ca``
+(a PEM file) alone when given: a coordinator whose certificate a private CA signed (``gpuflex coordinator
+serve --tls-cert``) is reached with ``--ca`` naming that CA, and one signed by any other CA is refused.
+"""
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 
-from gpuflex.errors import ServiceError, from_status
+from gpuflex.errors import BadRequest, ServiceError, from_status
 
 RETRYABLE_STATUS = {502, 503, 504}
 
@@ -24,12 +31,17 @@ class HttpSession:
         timeout_s: float = 30.0,
         retry_for_s: float = 0.0,
         transport: httpx.BaseTransport | None = None,
+        ca: str | Path | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.sign = sign
         self.retry_for_s = retry_for_s
         self._http = httpx.Client(
-            base_url=self.base_url, headers=headers or {}, timeout=timeout_s, transport=transport
+            base_url=self.base_url,
+            headers=headers or {},
+            timeout=timeout_s,
+            transport=transport,
+            verify=trusting(ca),
         )
 
     def close(self) -> None:
@@ -51,6 +63,12 @@ class HttpSession:
             try:
                 response = self._send(method, path, json=json, content=content, params=params)
             except httpx.TransportError as err:
+                if _untrusted(err):  # retrying will not make the certificate trusted
+                    raise ServiceError(
+                        f"cannot reach the coordinator at {self.base_url}: its TLS certificate is not "
+                        f"trusted ({_untrusted(err)}); pass the CA that signed it with --ca FILE "
+                        "(or GPUFLEX_CA)"
+                    ) from None
                 if time.monotonic() >= deadline:
                     raise ServiceError(f"cannot reach the coordinator at {self.base_url}: {err}") from None
             else:
@@ -65,6 +83,24 @@ class HttpSession:
             target = request.url.raw_path.decode()
             request.headers.update(self.sign(method, target, request.read()))
         return self._http.send(request)
+
+
+def trusting(ca: str | Path | None) -> ssl.SSLContext | bool:
+    """What verifies the coordinator's certificate: the CA in ``ca`` alone, else the system's CAs."""
+    if ca is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as err:
+        raise BadRequest(f"--ca {ca}: not a readable PEM certificate ({err})") from None
+
+
+def _untrusted(err: httpx.TransportError) -> str | None:
+    """The verification failure behind ``err``, if that is what it is."""
+    cause = err.__context__ or err.__cause__
+    while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
+        cause = cause.__context__ or cause.__cause__
+    return cause.verify_message if cause is not None else None
 
 
 def _checked(response: httpx.Response) -> httpx.Response:

@@ -8,9 +8,11 @@ from gpuflex.protocol import messages as m
 
 
 class NodeClient:
-    def __init__(self, url: str, key: NodeKey, *, retry_for_s: float = 0.0, transport=None):
+    def __init__(self, url: str, key: NodeKey, *, retry_for_s: float = 0.0, transport=None, ca=None):
         self.key = key
-        self.http = HttpSession(url, sign=key.sign_request, retry_for_s=retry_for_s, transport=transport)
+        self.http = HttpSession(
+            url, sign=key.sign_request, retry_for_s=retry_for_s, transport=transport, ca=ca
+        )
 
     def close(self) -> None:
         self.http.close()

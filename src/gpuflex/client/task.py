@@ -15,13 +15,14 @@ from gpuflex.protocol.relay import RelayEvent, RelayEvents, RelayWork
 
 
 class TaskClient:
-    def __init__(self, url: str, task_token: str, *, retry_for_s: float = 60.0, transport=None):
+    def __init__(self, url: str, task_token: str, *, retry_for_s: float = 60.0, transport=None, ca=None):
         self.http = HttpSession(
             url,
             headers={"Authorization": f"Bearer {task_token}"},
             retry_for_s=retry_for_s,
             timeout_s=120.0,
             transport=transport,
+            ca=ca,
         )
 
     def close(self) -> None:

@@ -47,7 +47,7 @@ def caller() -> Iterator[ThreadPoolExecutor]:
 
 
 def poll(loop, relay: Relay, lease: str, wait_s: float = 5.0) -> Future[RelayWork]:
-    return asyncio.run_coroutine_threadsafe(relay.poll(lease, wait_s), loop)
+    return asyncio.run_coroutine_threadsafe(relay.poll(lease, f"hash-of-{lease}", wait_s), loop)
 
 
 def request(i: int) -> RelayRequest:
@@ -111,6 +111,16 @@ def test_requests_go_to_the_replica_with_the_fewest_open_and_a_refusal_is_the_ca
     assert first.result(timeout=2) is not None
     with pytest.raises(BadRequest, match="the prompt is too long"):
         second.result(timeout=2)
+
+
+def test_events_are_taken_from_a_polling_replica_by_its_token_alone(loop):
+    now = [0.0]
+    relay = Relay(clock=lambda: now[0])
+    assert relay.lease_of("hash-of-l-1") is None  # never polled here
+    poll(loop, relay, "l-1", 0).result(timeout=2)
+    assert relay.lease_of("hash-of-l-1") == "l-1" and relay.lease_of("hash-of-l-2") is None
+    now[0] = STALE_S + 1  # it stopped polling
+    assert relay.lease_of("hash-of-l-1") is None
 
 
 def test_a_client_that_leaves_cancels_its_request_on_the_replica(loop, caller):

@@ -49,14 +49,14 @@ def client_address(request: Request) -> str:
 Ctx = Annotated[CoordinatorContext, Depends(get_context)]
 
 
-def _bearer(request: Request) -> str | None:
+def bearer(request: Request) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 def current_account(request: Request, ctx: Ctx) -> Account:
-    token = _bearer(request)
+    token = bearer(request)
     if not token or not token.startswith(API_PREFIX):
         raise Unauthorized("this endpoint needs an API token: Authorization: Bearer gfx_...")
     with ctx.tx() as s:
@@ -66,7 +66,7 @@ def current_account(request: Request, ctx: Ctx) -> Account:
 
 
 def current_task(request: Request, ctx: Ctx) -> Lease:
-    token = _bearer(request)
+    token = bearer(request)
     if not token or not token.startswith(TASK_PREFIX):
         raise Unauthorized("this endpoint needs a task token: Authorization: Bearer gfxtask_...")
     with ctx.tx() as s:
@@ -86,7 +86,7 @@ class GatewayCaller:
 
 
 def gateway_caller(request: Request, ctx: Ctx) -> GatewayCaller:
-    token = _bearer(request)
+    token = bearer(request)
     if token and token.startswith(DEPLOYMENT_KEY_PREFIX):
         with ctx.read() as s:
             key = deployment_keys.authenticate(s, token)
@@ -106,7 +106,7 @@ def gateway_caller(request: Request, ctx: Ctx) -> GatewayCaller:
 
 def operator(request: Request, ctx: Ctx) -> None:
     """The operator alone may pass verdicts: its token is a secret of the coordinator's, never stored."""
-    token = _bearer(request)
+    token = bearer(request)
     if not token:
         raise Unauthorized("this endpoint needs the operator's token: Authorization: Bearer gfxop_...")
     if not secrets.compare_digest(token, ctx.settings.resolved_operator_token()):
@@ -159,7 +159,7 @@ async def current_node(request: Request, signed: SignedRequest, ctx: Ctx) -> Nod
 
 async def blob_reader(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
     """Blobs are read by nodes and tasks; consumers fetch their results through their jobs."""
-    token = _bearer(request)
+    token = bearer(request)
     if token and token.startswith(TASK_PREFIX):
         return (await run_in_threadpool(current_task, request, ctx)).node_id
     if HEADER_SIGNATURE in request.headers:
@@ -171,7 +171,7 @@ async def blob_reader(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
 
 async def blob_writer(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
     """Anyone authenticated may add a blob: it is named by its hash and changes nothing else."""
-    token = _bearer(request)
+    token = bearer(request)
     if token and token.startswith(API_PREFIX):
         return (await run_in_threadpool(current_account, request, ctx)).id
     return await blob_reader(request, ctx, signed)
@@ -181,7 +181,7 @@ async def anyone(request: Request, ctx: Ctx, signed: SignedRequest) -> None:
     """Who reads the network's public record (the journal, verdicts, governance, offers): anyone, so
     anyone can audit. A caller that shows an API token or a node signature is checked (401 if bad) and
     counted as itself; any other call is counted against the client's address, as sign-ups are."""
-    token = _bearer(request)
+    token = bearer(request)
     if token and token.startswith(API_PREFIX):
         await run_in_threadpool(current_account, request, ctx)
     elif HEADER_SIGNATURE in request.headers:

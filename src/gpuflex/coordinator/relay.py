@@ -109,6 +109,7 @@ class _Replica:
     requests: list[RelayRequest] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
     open: dict[str, RemoteGeneration] = field(default_factory=dict)
+    token_hash: str = ""  # its task token's, checked against the database on each poll
     polls: int = 0  # polls waiting now
     seen: float = 0.0  # when its last poll ended (monotonic)
 
@@ -132,12 +133,14 @@ class Relay:
         self._lock = threading.Lock()
         self._replicas: dict[str, _Replica] = {}
 
-    async def poll(self, lease_id: str, wait_s: float) -> RelayWork:
-        """The work waiting for the replica of ``lease_id``, as soon as there is some or after ``wait_s``."""
+    async def poll(self, lease_id: str, token_hash: str, wait_s: float) -> RelayWork:
+        """The work waiting for the replica of ``lease_id`` (whose task token, hashed, the caller checked),
+        as soon as there is some or after ``wait_s``."""
         with self._lock:
             replica = self._replicas.get(lease_id)
             if replica is None:
-                replica = self._replicas[lease_id] = _Replica(asyncio.get_running_loop())
+                replica = _Replica(asyncio.get_running_loop(), token_hash=token_hash)
+                self._replicas[lease_id] = replica
             if replica.requests or replica.cancels:
                 return replica.take()
             replica.wake.clear()  # on the loop, as notify's set is: no wake-up falls between
@@ -151,6 +154,16 @@ class Relay:
                 replica.seen = self._clock()
         with self._lock:
             return replica.take()
+
+    def lease_of(self, token_hash: str) -> str | None:
+        """The lease of the connected replica whose task token this is (its polls checked it against the
+        database): its events need no database read, one post per batch of tokens."""
+        with self._lock:
+            now = self._clock()
+            for lease_id, replica in self._replicas.items():
+                if replica.token_hash == token_hash and replica.connected(now):
+                    return lease_id
+        return None
 
     def deliver(self, lease_id: str, events: list[RelayEvent]) -> None:
         """Hand a replica's events to the requests they belong to; events of requests it does not serve

@@ -4,10 +4,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from gpuflex.coordinator.auth import Ctx, TaskLease
+from gpuflex.auth.tokens import token_hash
+from gpuflex.coordinator.auth import Ctx, TaskLease, bearer, charge
 from gpuflex.coordinator.db import Lease, Task
 from gpuflex.coordinator.routes import errors
-from gpuflex.errors import Forbidden
+from gpuflex.errors import Forbidden, Unauthorized
 from gpuflex.protocol.relay import RelayEvents, RelayWork
 
 router = APIRouter(prefix="/task/relay", tags=["tasks"], responses=errors(404, 409))
@@ -31,11 +32,26 @@ async def poll(
     request: Request, lease: ServerLease, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 20.0
 ) -> RelayWork:
     """The requests to serve and to cancel, as soon as there are some or after ``wait`` seconds."""
-    return await request.app.state.relay.poll(lease.id, wait)
+    token = bearer(request)
+    assert token is not None, "the lease was authenticated by its token"
+    return await request.app.state.relay.poll(lease.id, token_hash(token), wait)
+
+
+async def polling_replica(request: Request) -> str:
+    """The lease of the replica posting events: one polling this process, whose token its polls checked
+    against the database (so a post reads nothing there; a lease that ended fails its next poll)."""
+    token = bearer(request)
+    lease_id = request.app.state.relay.lease_of(token_hash(token)) if token else None
+    if lease_id is None:
+        raise Unauthorized("this task token is not a replica polling this coordinator: poll first")
+    charge(request, f"lease:{lease_id}")
+    return lease_id
 
 
 @router.post("/events")
-async def events(body: RelayEvents, request: Request, lease: ServerLease) -> dict[str, str]:
+async def events(
+    body: RelayEvents, request: Request, lease_id: Annotated[str, Depends(polling_replica)]
+) -> dict[str, str]:
     """What the replica's engine produced for the requests it serves (others' are dropped)."""
-    request.app.state.relay.deliver(lease.id, body.events)
+    request.app.state.relay.deliver(lease_id, body.events)
     return {"status": "delivered"}

@@ -13,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from gpuflex.coordinator.relay import STALE_S, Relay
+from gpuflex.coordinator.relay import STALE_S, WINDOW_S, Relay
 from gpuflex.errors import BadRequest, ServiceError
 from gpuflex.protocol.relay import (
     RelayCompletion,
@@ -88,6 +88,10 @@ def test_a_waiting_poll_takes_a_request_at_once_and_its_events_come_back_in_orde
     completion = generation.result()
     assert (completion.text, completion.params.seed, completion.usage.completion_tokens) == ("ab", 3, 2)
     assert counted == [completion]
+    stats = relay.stats("d-1")
+    assert stats.requests_per_s == 1 / WINDOW_S and stats.tokens_per_s == 2 / WINDOW_S
+    assert 0 < stats.ttft_p50_ms == stats.ttft_p99_ms < 2000
+    assert relay.stats("d-2").requests_per_s is None
 
 
 def test_requests_go_to_the_replica_with_the_fewest_open_and_a_refusal_is_the_callers_error(loop, caller):
@@ -121,6 +125,24 @@ def test_events_are_taken_from_a_polling_replica_by_its_token_alone(loop):
     assert relay.lease_of("hash-of-l-1") == "l-1" and relay.lease_of("hash-of-l-2") is None
     now[0] = STALE_S + 1  # it stopped polling
     assert relay.lease_of("hash-of-l-1") is None
+
+
+def test_the_served_rates_cover_the_last_minute_only(loop, caller):
+    now = [0.0]
+    relay = Relay(clock=lambda: now[0])
+    poll(loop, relay, "l-1", 0).result(timeout=2)
+    submitted = caller.submit(relay.submit, "d-1", request(1), SamplingParams(), LIVE)
+    time.sleep(0.1)
+    poll(loop, relay, "l-1", 0).result(timeout=2)
+    relay.deliver("l-1", [RelayEvent(id="r1", kind="started")])
+    submitted.result(timeout=2)
+    now[0] = 0.25
+    relay.deliver("l-1", [RelayEvent(id="r1", kind="token", token=5, text="a")])
+    now[0] = 0.5
+    relay.deliver("l-1", [done("r1")])
+    assert relay.stats("d-1").ttft_p50_ms == 250
+    now[0] = 0.5 + WINDOW_S + 0.1
+    assert relay.stats("d-1").requests_per_s is None
 
 
 def test_a_client_that_leaves_cancels_its_request_on_the_replica(loop, caller):

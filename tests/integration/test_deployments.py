@@ -90,6 +90,7 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         shown = client.deployment(deployment)
         assert [(k.requests, k.completion_tokens > 0) for k in shown.keys] == [(4, True)]  # 3 + the probe
         assert (shown.state, shown.live_replicas) == ("running", 1)
+        assert shown.requests_per_s >= 5 / 60 and shown.tokens_per_s > 0 and 0 < shown.ttft_p50_ms < 10_000
         listed = _cli("deployments", *who)
         assert deployment in listed and "1/1" in listed and other.id in listed
         assert shown.keys[0].id in _cli("deployment", "show", deployment, *who)

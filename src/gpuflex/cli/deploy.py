@@ -17,6 +17,7 @@ from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
+from gpuflex.protocol.messages import DeploymentInfo
 from gpuflex.protocol.spec import JobSpec, describe_validation_error
 
 deployment_app = typer.Typer(help="Follow and manage one deployment.", no_args_is_help=True)
@@ -86,11 +87,20 @@ def list_deployments(as_json: Json = False, url: Url = None, token: Token = None
     if as_json:
         print_json(found)
         return
-    listed = table("id", "name", "state", "replicas", "model", "spent", "budget", ids=["id"])
+    columns = ("id", "name", "state", "replicas", "req/s", "tok/s", "ttft ms p50/p99", "spent", "budget")
+    listed = table(*columns, ids=["id"])
     for d in found:
         replicas = f"{d.live_replicas}/{d.replicas}"
-        listed.add_row(d.id, d.name, d.state, replicas, d.model, credits(d.spent), credits(d.budget))
+        listed.add_row(d.id, d.name, d.state, replicas, *_served(d), credits(d.spent), credits(d.budget))
     console.print(listed)
+    console.print("[dim]served over the last minute, as the coordinator answering saw it[/]")
+
+
+def _served(d: DeploymentInfo) -> tuple[str, str, str]:
+    """Requests and tokens per second, and the time to first token, or dashes with nothing served."""
+    if d.requests_per_s is None:
+        return "-", "-", "-"
+    return f"{d.requests_per_s:.2f}", f"{d.tokens_per_s:.1f}", f"{d.ttft_p50_ms:.0f}/{d.ttft_p99_ms:.0f}"
 
 
 @deployment_app.command("show")
@@ -105,6 +115,9 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
         f"{d.live_replicas} of {d.replicas} replicas live; spent {credits(d.spent)} of {credits(d.budget)}",
         highlight=False,
     )
+    if d.requests_per_s is not None:
+        rate, tokens, ttft = _served(d)
+        console.print(f"last minute: {rate} req/s, {tokens} tok/s, time to first token {ttft} ms (p50/p99)")
     tasks = table("task", "replica", "state", "node", "epoch", ids=["task", "node"], title="replicas")
     for t in d.tasks:
         tasks.add_row(t.id, str(t.index), t.state, t.node_id or "-", str(t.epoch))

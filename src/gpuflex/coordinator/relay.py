@@ -7,7 +7,8 @@ the backend) and reads its events as a ``serve.backend.Generation``. A replica c
 while it polls, and for ``STALE_S`` after its last poll ended.
 
 This state lives in one process: a request reaches only the replicas connected to the coordinator it
-reached (several coordinator replicas will share it through a broker; not yet).
+reached (several coordinator replicas will share it through a broker; not yet). So do the served rates
+and times to first token it keeps per deployment over the last ``WINDOW_S`` (``stats``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ import contextlib
 import queue
 import threading
 import time
+from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
+
+import numpy as np
 
 from gpuflex.errors import ServiceError, from_status
 from gpuflex.protocol.relay import RelayCompletion, RelayEvent, RelayRequest, RelayWork
@@ -29,13 +34,15 @@ from gpuflex.serve.sampling import SamplingParams
 STALE_S = 5.0  # a replica that has not polled for this long takes no new request
 START_S = 30.0  # a replica says whether it took a request (encoded, it fits) within this
 SILENCE_S = 60.0  # a request whose replica sends nothing for this long fails
+WINDOW_S = 60.0  # ``stats`` covers the requests served this long ago at most
 
 
 class RemoteGeneration:
     """A request being served by a replica: its events as they come, then its completion."""
 
-    def __init__(self, params: SamplingParams, cancel: Callable[[], None]):
-        self.params = params
+    def __init__(self, deployment_id: str, params: SamplingParams, cancel: Callable[[], None], now: float):
+        self.deployment_id, self.params = deployment_id, params
+        self.submitted_at, self.first_token_at = now, None  # when the relay heard of them
         self.completion: Completion | None = None
         self.on_done: Callable[[Completion], None] = lambda _: None  # the gateway counts usage here
         self._events: queue.SimpleQueue[RelayEvent] = queue.SimpleQueue()
@@ -100,6 +107,23 @@ def _completion(done: RelayCompletion, params: SamplingParams) -> Completion:
     )
 
 
+@dataclass(frozen=True)
+class Served:
+    at: float
+    tokens: int
+    ttft_s: float
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A deployment's requests served over the last ``WINDOW_S``, as this process saw them."""
+
+    requests_per_s: float | None = None
+    tokens_per_s: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+
+
 @dataclass
 class _Replica:
     """One replica's line: what waits to be polled, what it serves, and how to wake its poll."""
@@ -132,6 +156,7 @@ class Relay:
         self._clock = clock
         self._lock = threading.Lock()
         self._replicas: dict[str, _Replica] = {}
+        self._served: dict[str, deque[Served]] = defaultdict(deque)  # by deployment, oldest first
 
     async def poll(self, lease_id: str, token_hash: str, wait_s: float) -> RelayWork:
         """The work waiting for the replica of ``lease_id`` (whose task token, hashed, the caller checked),
@@ -172,12 +197,19 @@ class Relay:
             replica = self._replicas.get(lease_id)
             if replica is None:
                 return
+            now = self._clock()
             for event in events:
                 generation = replica.open.get(event.id)
                 if generation is None:
                     continue
                 if event.kind in ("done", "error"):
                     del replica.open[event.id]
+                if event.kind == "token" and generation.first_token_at is None:
+                    generation.first_token_at = now
+                if event.completion is not None:
+                    first = generation.first_token_at or now
+                    served = Served(now, event.completion.completion_tokens, first - generation.submitted_at)
+                    self._served[generation.deployment_id].append(served)
                 generation.put(event)
 
     def submit(
@@ -197,12 +229,31 @@ class Relay:
                     "loading the model; try again shortly (`gpuflex deployment show` says where they are)"
                 )
             lease_id, replica = min(live, key=lambda item: len(item[1].open))
-            generation = RemoteGeneration(params, lambda: self._cancel(lease_id, request.id))
+            cancel = partial(self._cancel, lease_id, request.id)
+            generation = RemoteGeneration(deployment_id, params, cancel, now)
             replica.open[request.id] = generation
             replica.requests.append(request)
             replica.notify()
         generation.wait_started()
         return generation
+
+    def stats(self, deployment_id: str) -> Stats:
+        """Requests and tokens per second served over the last ``WINDOW_S``, and the times to first token
+        (from the request reaching the relay to its first token reaching it); all None with none served."""
+        with self._lock:
+            served = self._served.get(deployment_id)
+            since = self._clock() - WINDOW_S
+            while served and served[0].at < since:
+                served.popleft()
+            if not served:
+                return Stats()
+            ttft = np.array([s.ttft_s for s in served]) * 1000
+            return Stats(
+                requests_per_s=len(served) / WINDOW_S,
+                tokens_per_s=sum(s.tokens for s in served) / WINDOW_S,
+                ttft_p50_ms=float(np.percentile(ttft, 50)),
+                ttft_p99_ms=float(np.percentile(ttft, 99)),
+            )
 
     def _cancel(self, lease_id: str, request_id: str) -> None:
         with self._lock:

@@ -393,6 +393,11 @@ class DeploymentInfo(Message):
     budget: float
     spent: float
     reason: str = ""
+    # served over the last minute, as the coordinator that answers saw it (None: nothing served)
+    requests_per_s: float | None = None
+    tokens_per_s: float | None = Field(None, description="output tokens per second")
+    ttft_p50_ms: float | None = Field(None, description="time to first token, median")
+    ttft_p99_ms: float | None = None
 
 
 class KeyUsage(Message):

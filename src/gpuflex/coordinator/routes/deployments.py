@@ -1,8 +1,10 @@
 """Deployments, seen only by the account that created them; ``{deployment_id}`` may be a unique prefix."""
 
 import logging
+from dataclasses import asdict
+from typing import TypeVar
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.routes import errors
@@ -23,16 +25,26 @@ def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.Deploymen
     return info
 
 
+Info = TypeVar("Info", bound=m.DeploymentInfo)
+
+
+def _measured(info: Info, request: Request) -> Info:
+    """With what this process's relay measured of the deployment over the last minute."""
+    return info.model_copy(update=asdict(request.app.state.relay.stats(info.id)))
+
+
 @router.get("")
-def list_deployments(account: Consumer, ctx: Ctx) -> list[m.DeploymentInfo]:
+def list_deployments(request: Request, account: Consumer, ctx: Ctx) -> list[m.DeploymentInfo]:
     with ctx.read() as s:
-        return [deployments.info(s, d, ctx.now()) for d in deployments.list_for(s, account)]
+        found = [deployments.info(s, d, ctx.now()) for d in deployments.list_for(s, account)]
+    return [_measured(info, request) for info in found]
 
 
 @router.get("/{deployment_id}")
-def show(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentDetail:
+def show(deployment_id: str, request: Request, account: Consumer, ctx: Ctx) -> m.DeploymentDetail:
     with ctx.read() as s:
-        return deployments.detail(s, deployments.owned(s, account, deployment_id), ctx.now())
+        detail = deployments.detail(s, deployments.owned(s, account, deployment_id), ctx.now())
+    return _measured(detail, request)
 
 
 @router.post("/{deployment_id}/scale")

@@ -145,7 +145,8 @@ class Replica:
                 self._outbox.put(token)
             done = RelayEvent(id=request_id, kind="done", completion=_completion(generation.result()))
             self._outbox.put(done)
-            self.served += 1
+            with self._lock:
+                self.served += 1
         except Cancelled:
             pass  # its client went away: nobody reads the rest
         except GPUFlexError as err:

@@ -2,7 +2,8 @@
 --model DIR` uploads a saved llama, a community agent leases its replica, loads it from its cache and holds
 the relay open from its side; the official `openai` client then chats (streamed and not) and completes
 with a deployment key, whose usage `deployment show` counts; a wrong key, another deployment's key, an
-unknown model and a prompt past the context are each an OpenAI error object, and none is counted."""
+unknown model and a prompt past the context are each an OpenAI error object, and none is counted; when
+the replica's node is killed (`kill -9`), the replica is placed again on the node left and serves."""
 
 from __future__ import annotations
 
@@ -32,10 +33,11 @@ def _cli(*args: str) -> str:
 
 
 def _served(gateway: openai.OpenAI, model: str) -> bool:
-    """Whether a replica answers yet (503 while it is placed or loads the model)."""
+    """Whether a replica answers yet (503 while it is placed or loads the model; a request handed to a
+    replica that just died waits for it, so the probe gives up sooner)."""
     try:
-        gateway.completions.create(model=model, prompt="alpha", max_tokens=1)
-    except openai.InternalServerError:
+        gateway.with_options(timeout=5).completions.create(model=model, prompt="alpha", max_tokens=1)
+    except (openai.InternalServerError, openai.APITimeoutError):
         return False
     return True
 
@@ -83,6 +85,7 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
             with pytest.raises(error, match=says) as refused:
                 caller.completions.create(model=model, prompt=long, max_tokens=4)
             assert refused.value.body["message"] and refused.value.status_code < 500
+        client.stop_deployment(other.id)  # it waited for a node, and would take the next one
 
         # the owner's account token: served, not counted on the key
         chatted = CliRunner().invoke(app, ["chat", "my-model", *who], input="alpha beta\n\n")
@@ -94,6 +97,13 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         listed = _cli("deployments", *who)
         assert deployment in listed and "1/1" in listed and other.id in listed
         assert shown.keys[0].id in _cli("deployment", "show", deployment, *who)
+
+        net.start_agent("c1", price=0.3)  # a lost replica is placed again, on the node that is left
+        wait_for(lambda: len(client.offers()) == 2, 60, "the second agent to register")
+        net.kill_agent("c0")
+        wait_for(lambda: client.deployment(deployment).tasks[0].epoch == 2, 60, "the replica to be re-placed")
+        wait_for(lambda: _served(gateway, deployment), 120, "the new replica to serve")
+        (task,) = client.deployment(deployment).tasks
+        assert {o.node_id: o.name for o in client.offers()}[task.node_id] == "c1"
         stopped = client.stop_deployment(deployment)
-        client.stop_deployment(other.id)
         assert client.balance().balance == pytest.approx(5 - stopped.spent)

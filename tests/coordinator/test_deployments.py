@@ -100,6 +100,8 @@ def test_scaling_places_new_replicas_and_cancels_the_newest_and_stop_refunds_the
     assert revoked == {0: [], **cancelled}
     assert alice.scale(d.id, 2).replicas == 2  # a new replica, not a cancelled one back
     assert [t.state for t in alice.deployment(d.id).tasks] == ["leased", "cancelled", "cancelled", "pending"]
+    said = [e.message for e in alice.deployment_logs(d.id)]
+    assert "scaled from 3 to 1 replicas by alice" in said and "server 2 cancelled" in said
     coordinator.clock.advance(10)
     stopped = alice.stop_deployment(d.id)
     assert stopped.state == "cancelled" and stopped.spent == pytest.approx(0.36 * (20 + 10 + 10) / 3600)

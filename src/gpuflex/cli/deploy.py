@@ -1,5 +1,5 @@
 """Deployment commands: ``gpuflex deploy``, ``deployments``, ``chat``, and the ``deployment`` group
-(``show | scale | stop | key create``)."""
+(``show | logs | scale | stop | key create``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from gpuflex.cli.jobs import upload_model
+from gpuflex.cli.jobs import print_events, upload_model
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client, resolve
@@ -133,6 +133,12 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     for k in d.keys:
         keys.add_row(k.id, str(k.requests), str(k.prompt_tokens), str(k.completion_tokens))
     console.print(keys)
+
+
+@deployment_app.command("logs")
+def logs(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> None:
+    """A deployment's log: where each replica was placed (or why it waits), leases, scaling, its end."""
+    print_events(consumer_client(url, token).deployment_logs(deployment_id))
 
 
 @deployment_app.command("scale")

@@ -21,7 +21,7 @@ from gpuflex.cli.report import cost_table, write_report
 from gpuflex.cli.watch import EXIT_CODES, TERMINAL, watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
-from gpuflex.protocol.messages import JobInfo, Quote, Verdict
+from gpuflex.protocol.messages import JobEvent, JobInfo, Quote, Verdict
 from gpuflex.protocol.spec import JobSpec, load_job_spec
 
 job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
@@ -275,7 +275,12 @@ def verdict_table(verdicts: list[Verdict]) -> Group:
 def logs(job_id: JobId, url: Url = None, token: Token = None) -> None:
     """A job's event log: placements, leases, rounds, failures, and its tasks' own lines, each headed by
     who wrote it (``[worker 1 on NAME (NODE_ID)]``)."""
-    for e in consumer_client(url, token).logs(job_id):
+    print_events(consumer_client(url, token).logs(job_id))
+
+
+def print_events(events: list[JobEvent]) -> None:
+    """A job's or deployment's log, a line each with its time."""
+    for e in events:
         # escaped: a line's head ``[worker 1 on …]`` would otherwise be taken for markup, and vanish
         console.print(f"[dim]{e.at:%H:%M:%S}[/] {escape(e.message)}", highlight=False)
 

@@ -97,6 +97,10 @@ class Client:
         response = self.http.request("GET", f"/v1/deployments/{deployment_id}")
         return m.DeploymentDetail.model_validate(response.json())
 
+    def deployment_logs(self, deployment_id: str) -> list[m.JobEvent]:
+        rows = self.http.request("GET", f"/v1/deployments/{deployment_id}/logs").json()
+        return [m.JobEvent.model_validate(e) for e in rows]
+
     def scale(self, deployment_id: str, replicas: int) -> m.DeploymentInfo:
         body = m.DeploymentScale(replicas=replicas).model_dump()
         response = self.http.request("POST", f"/v1/deployments/{deployment_id}/scale", json=body)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import deployment_keys, deployments, governance
+from gpuflex.coordinator.services import deployment_keys, deployments, governance, jobs
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/deployments", tags=["deployments"], responses=errors(404, 409))
@@ -45,6 +45,13 @@ def show(deployment_id: str, request: Request, account: Consumer, ctx: Ctx) -> m
     with ctx.read() as s:
         detail = deployments.detail(s, deployments.owned(s, account, deployment_id), ctx.now())
     return _measured(detail, request)
+
+
+@router.get("/{deployment_id}/logs")
+def logs(deployment_id: str, account: Consumer, ctx: Ctx) -> list[m.JobEvent]:
+    """Its log: placements (or why a replica waits), leases, scaling, keys, its end."""
+    with ctx.read() as s:
+        return jobs.events(s, deployments.owned(s, account, deployment_id))
 
 
 @router.post("/{deployment_id}/scale")

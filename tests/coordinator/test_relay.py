@@ -23,7 +23,7 @@ from gpuflex.protocol.relay import (
     RelayRequest,
     RelayWork,
 )
-from gpuflex.serve.engine import Event
+from gpuflex.serve.engine import Cancelled, Event
 from gpuflex.serve.sampling import SamplingParams
 
 LIVE = {"l-1", "l-2"}  # the deployment's live leases
@@ -152,7 +152,12 @@ def test_a_client_that_leaves_cancels_its_request_on_the_replica(loop, caller):
     time.sleep(0.1)
     poll(loop, relay, "l-1", 0).result(timeout=2)
     relay.deliver("l-1", [RelayEvent(id="r1", kind="started")])
-    submitted.result(timeout=2).cancel()
+    generation = submitted.result(timeout=2)
+    waiting = caller.submit(generation.result)  # a reader waiting for the whole answer
+    time.sleep(0.1)
+    generation.cancel()
+    with pytest.raises(Cancelled):
+        waiting.result(timeout=2)  # woken at once, not after the replica's silence
     assert poll(loop, relay, "l-1", 0).result(timeout=2).cancel == ["r1"]
 
 

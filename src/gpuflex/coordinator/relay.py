@@ -28,7 +28,7 @@ import numpy as np
 
 from gpuflex.errors import ServiceError, from_status
 from gpuflex.protocol.relay import RelayCompletion, RelayEvent, RelayRequest, RelayWork
-from gpuflex.serve.engine import Completion, Event, Usage
+from gpuflex.serve.engine import Cancelled, Completion, Event, Usage
 from gpuflex.serve.sampling import SamplingParams
 
 STALE_S = 5.0  # a replica that has not polled for this long takes no new request
@@ -45,7 +45,7 @@ class RemoteGeneration:
         self.submitted_at, self.first_token_at = now, None  # when the relay heard of them
         self.completion: Completion | None = None
         self.on_done: Callable[[Completion], None] = lambda _: None  # the gateway counts usage here
-        self._events: queue.SimpleQueue[RelayEvent] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[RelayEvent | None] = queue.SimpleQueue()  # None: cancelled
         self._cancel = cancel
         self._ended = False
 
@@ -65,13 +65,16 @@ class RemoteGeneration:
     def result(self) -> Completion:
         for _ in self:
             pass
-        assert self.completion is not None, "a generation ends with its completion or raises"
+        if self.completion is None:
+            raise Cancelled("the request was cancelled")
         return self.completion
 
     def cancel(self) -> None:
+        """Stop it on the replica (its client went away); a reader waiting for it gets ``Cancelled``."""
         if not self._ended:
             self._ended = True
             self._cancel()
+            self._events.put(None)
 
     def _next(self, timeout: float, what: str) -> Event | None:
         """The next token's event; None for ``started`` and at the end (the completion kept)."""
@@ -80,6 +83,8 @@ class RemoteGeneration:
         except queue.Empty:
             self.cancel()
             raise ServiceError(f"the replica sent nothing for {timeout:.0f} s, waiting for {what}") from None
+        if item is None:
+            raise Cancelled("the request was cancelled")
         if item.kind == "error":
             self._ended = True
             raise from_status(item.status or 500, item.message)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 from contextlib import asynccontextmanager, suppress
 
 from fastapi import APIRouter, FastAPI, Request
@@ -55,6 +56,8 @@ from gpuflex.protocol.messages import API_VERSION
 from gpuflex.storage import BlobStore, FsspecBlobStore, LocalBlobStore
 
 log = logging.getLogger("gpuflex.coordinator")
+
+GATEWAY_BODIES = (f"/{API_VERSION}/completions", f"/{API_VERSION}/chat/completions")
 
 
 def _expired(expired: list, metrics: CoordinatorMetrics | None) -> None:
@@ -241,6 +244,9 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
             f"/{API_VERSION}/blobs/": ctx.settings.max_blob_bytes,
             # a replica's events: a batch of completions, each with its prompt's and output's token ids
             f"/{API_VERSION}/task/relay/events": ctx.settings.max_blob_bytes,
+            # the OpenAI routes read their own bodies, after the key is checked, up to their own limit, and
+            # refuse a larger one as OpenAI's error object
+            **dict.fromkeys(GATEWAY_BODIES, sys.maxsize),
         },
     )
     app.add_middleware(RequestMetrics, metrics=metrics)

@@ -8,6 +8,7 @@ import pytest
 
 from gpuflex.auth.signing import NodeKey, canonical_message
 from gpuflex.client import NodeClient
+from gpuflex.coordinator.routes.openai import MAX_BODY_BYTES
 from gpuflex.errors import BadRequest, Conflict, Forbidden, InsufficientFunds, NotFound, Unauthorized
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
@@ -228,17 +229,30 @@ def test_chunked_bodies_without_a_length_are_limited_while_they_stream(coordinat
     )
 
 
+# The OpenAI gateway checks the key before it reads a body: a stranger's is never read (a 401), a caller's is
+# read up to the routes' own limit and refused past it as OpenAI's error object.
+GATEWAY_BODIES = ("/v1/completions", "/v1/chat/completions")
+
+
 def test_every_operation_that_takes_a_body_limits_it(coordinator):
     """Every body path of the schema, sent chunked past its limit by a stranger: 413 before anything."""
     limits = coordinator.ctx.settings
+    token = coordinator.http.post("/v1/accounts", json={"name": "caller"}).json()["token"]
     for path, methods in coordinator.http.get("/openapi.json").json()["paths"].items():
         for method, operation in methods.items():
             if "requestBody" not in operation:
                 continue
             url = re.sub(r"{[^}]+}", "a" * 64, path)
-            limit = limits.max_blob_bytes if path == "/v1/blobs/{digest}" else limits.max_request_bytes
-            response = coordinator.http.request(method, url, content=_chunks(b"{" + b" " * limit + b"}"))
+            large = path in ("/v1/blobs/{digest}", "/v1/task/relay/events")
+            limit = limits.max_blob_bytes if large else limits.max_request_bytes
+            headers = {}
+            if path in GATEWAY_BODIES:
+                headers, limit = {"Authorization": f"Bearer {token}"}, MAX_BODY_BYTES
+            body = _chunks(b"{" + b" " * limit + b"}")
+            response = coordinator.http.request(method, url, content=body, headers=headers)
             assert response.status_code == 413, (method, path, response.status_code, response.text)
+            if path in GATEWAY_BODIES:
+                assert response.json()["error"]["message"] == f"the body is over {limit} bytes"
 
 
 def test_signed_requests_outside_the_skew_window_are_refused(coordinator):

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from sqlalchemy import update
 
 from gpuflex.cli.deploy import upload_served_model
+from gpuflex.cli.jobs import upload_model
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import Job
 from gpuflex.errors import BadRequest, Conflict, InsufficientFunds, NotFound
@@ -99,6 +100,8 @@ def test_scaling_places_new_replicas_and_cancels_the_newest_and_stop_refunds_the
     assert revoked == {0: [], **cancelled}
     assert alice.scale(d.id, 2).replicas == 2  # a new replica, not a cancelled one back
     assert [t.state for t in alice.deployment(d.id).tasks] == ["leased", "cancelled", "cancelled", "pending"]
+    said = [e.message for e in alice.deployment_logs(d.id)]
+    assert "scaled from 3 to 1 replicas by alice" in said and "server 2 cancelled" in said
     coordinator.clock.advance(10)
     stopped = alice.stop_deployment(d.id)
     assert stopped.state == "cancelled" and stopped.spent == pytest.approx(0.36 * (20 + 10 + 10) / 3600)
@@ -141,8 +144,14 @@ def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refus
     char = alice.submit(JobSpec.model_validate({"name": "c", "data": {"source": "none"}, "budget": 0.1}))
     with pytest.raises(BadRequest, match="recipe char-gpt, which is not a transformers model"):
         alice.deploy(DeploymentSpec.model_validate({"name": "d", "model": {"job": char.id}, "budget": 0.1}))
-    tuned = {"recipe": "hf-causal-lm", "model": {"architecture": "llama", "n_embd": 32}}
-    hf = alice.submit(JobSpec.model_validate({"name": "h", "training": tuned, "budget": 0.1}))
+    scratch = {"recipe": "hf-causal-lm", "model": {"architecture": "llama", "n_embd": 32}}
+    fresh = alice.submit(JobSpec.model_validate({"name": "s", "training": scratch, "budget": 0.1}))
+    with pytest.raises(BadRequest, match="trained a model from scratch"):
+        alice.deploy(DeploymentSpec.model_validate({"name": "d", "model": {"job": fresh.id}, "budget": 0.1}))
+    tuned = {"recipe": "hf-causal-lm", "model": {"from": str(model_dir)}, "lora": {"r": 4}}
+    hf = alice.submit(
+        upload_model(alice, JobSpec.model_validate({"name": "h", "training": tuned, "budget": 0.1}))
+    )
     from_job = DeploymentSpec.model_validate({"name": "d", "model": {"job": hf.id[:5]}, "budget": 0.1})
     with pytest.raises(Conflict, match="has no checkpoint yet"):
         alice.deploy(from_job)
@@ -150,5 +159,5 @@ def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refus
         s.execute(update(Job).where(Job.id == hf.id).values(checkpoint="c" * 64))
     pinned = alice.deployment(alice.deploy(from_job).id).spec.model
     assert (pinned.job, pinned.checkpoint, pinned.training.recipe) == (hf.id, "c" * 64, "hf-causal-lm")
-    assert pinned.size.hidden == 32 and pinned.size.parameters > 0
+    assert pinned.size == alice.job(hf.id).spec.training.model.size
     assert alice.deployments()[0].model == f"job {hf.id} (checkpoint cccccccccccc)"

@@ -1,5 +1,5 @@
-"""Deployment commands: ``gpuflex deploy``, ``deployments``, and the ``deployment`` group
-(``show | scale | stop``)."""
+"""Deployment commands: ``gpuflex deploy``, ``deployments``, ``chat``, and the ``deployment`` group
+(``show | logs | scale | stop | key create``)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,19 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from gpuflex.cli.jobs import upload_model
+from gpuflex.cli.jobs import print_events, upload_model
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.output import Json, credits, print_json, table
-from gpuflex.cli.profile import consumer_client
+from gpuflex.cli.output import Json, credits, print_json, settled, table
+from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
+from gpuflex.protocol.messages import DeploymentInfo
 from gpuflex.protocol.spec import JobSpec, describe_validation_error
 
 deployment_app = typer.Typer(help="Follow and manage one deployment.", no_args_is_help=True)
+key_app = typer.Typer(help="API keys scoped to one deployment.", no_args_is_help=True)
+deployment_app.add_typer(key_app, name="key")
 console = Console()
 DeploymentId = Annotated[
     str, typer.Argument(help="deployment id as `gpuflex deployments` lists it, or any unique prefix of it")
@@ -84,11 +87,20 @@ def list_deployments(as_json: Json = False, url: Url = None, token: Token = None
     if as_json:
         print_json(found)
         return
-    listed = table("id", "name", "state", "replicas", "model", "spent", "budget", ids=["id"])
+    columns = ("id", "name", "state", "replicas", "req/s", "tok/s", "ttft ms p50/p99", "spent", "budget")
+    listed = table(*columns, ids=["id"])
     for d in found:
         replicas = f"{d.live_replicas}/{d.replicas}"
-        listed.add_row(d.id, d.name, d.state, replicas, d.model, credits(d.spent), credits(d.budget))
+        listed.add_row(d.id, d.name, d.state, replicas, *_served(d), credits(d.spent), credits(d.budget))
     console.print(listed)
+    console.print("[dim]served over the last minute, as the coordinator answering saw it[/]")
+
+
+def _served(d: DeploymentInfo) -> tuple[str, str, str]:
+    """Requests and tokens per second, and the time to first token, or dashes with nothing served."""
+    if d.requests_per_s is None:
+        return "-", "-", "-"
+    return f"{d.requests_per_s:.2f}", f"{d.tokens_per_s:.1f}", f"{d.ttft_p50_ms:.0f}/{d.ttft_p99_ms:.0f}"
 
 
 @deployment_app.command("show")
@@ -103,6 +115,9 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
         f"{d.live_replicas} of {d.replicas} replicas live; spent {credits(d.spent)} of {credits(d.budget)}",
         highlight=False,
     )
+    if d.requests_per_s is not None:
+        rate, tokens, ttft = _served(d)
+        console.print(f"last minute: {rate} req/s, {tokens} tok/s, time to first token {ttft} ms (p50/p99)")
     tasks = table("task", "replica", "state", "node", "epoch", ids=["task", "node"], title="replicas")
     for t in d.tasks:
         tasks.add_row(t.id, str(t.index), t.state, t.node_id or "-", str(t.epoch))
@@ -114,6 +129,16 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     for c in d.costs:
         costs.add_row(c.node_id, c.name, c.kind, f"{c.seconds:.1f}", f"{c.cost:.6f}")
     console.print(costs)
+    keys = table("key", "requests", "prompt tokens", "completion tokens", ids=["key"], title="API keys")
+    for k in d.keys:
+        keys.add_row(k.id, str(k.requests), str(k.prompt_tokens), str(k.completion_tokens))
+    console.print(keys)
+
+
+@deployment_app.command("logs")
+def logs(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> None:
+    """A deployment's log: where each replica was placed (or why it waits), leases, scaling, its end."""
+    print_events(consumer_client(url, token).deployment_logs(deployment_id))
 
 
 @deployment_app.command("scale")
@@ -132,8 +157,60 @@ def scale(
 def stop(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> None:
     """Stop a deployment: providers are paid for the time served, the rest is refunded."""
     d = consumer_client(url, token).stop_deployment(deployment_id)
-    refund = credits(d.budget - d.spent)
+    console.print(settled(f"deployment {d.id}", "stopped", d.spent, d.budget))
+
+
+@key_app.command("create")
+def create_key(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> None:
+    """An API key that reaches this deployment only: give it to an application (the openai client's
+    api_key, with base_url the coordinator's /v1). Shown this once."""
+    target = resolve(url, token)
+    k = target.client().create_key(deployment_id)
+    console.print(f"API key {k.id} of deployment {k.deployment_id} (shown once, store it):", highlight=False)
+    typer.echo(k.key)
     console.print(
-        f"deployment {d.id} stopped; spent {credits(d.spent)} of a {credits(d.budget)} budget, "
-        f"{refund} refunded"
+        f'OpenAI(base_url="{target.url.rstrip("/")}/v1", api_key=KEY) with model="{k.deployment_id}"',
+        highlight=False,
     )
+
+
+def chat(
+    deployment_id: DeploymentId,
+    system: Annotated[str | None, typer.Option(help="a system message to begin with")] = None,
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """Chat with a deployment in the terminal, its answers streamed (the openai package, through the
+    coordinator's gateway, with your account token). An empty line or Ctrl-D ends it."""
+    import httpx
+    from openai import OpenAI, OpenAIError
+
+    from gpuflex.client.http import trusting
+
+    target = resolve(url, token)
+    client = OpenAI(
+        base_url=f"{target.url.rstrip('/')}/v1",
+        api_key=target.token or "none",
+        max_retries=0,
+        http_client=httpx.Client(verify=trusting(target.ca)),  # the coordinator's CA, as the CLI's own
+    )
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    while True:
+        try:
+            line = console.input("[bold]you>[/] ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        answer = []
+        try:
+            stream = client.chat.completions.create(model=deployment_id, messages=messages, stream=True)
+            for chunk in stream:
+                if chunk.choices and (text := chunk.choices[0].delta.content):
+                    answer.append(text)
+                    console.print(text, end="", markup=False, highlight=False)
+        except OpenAIError as err:
+            raise BadRequest(f"the gateway refused: {err}") from None
+        console.print()
+        messages.append({"role": "assistant", "content": "".join(answer)})

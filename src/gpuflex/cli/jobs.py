@@ -15,13 +15,13 @@ from rich.text import Text
 
 from gpuflex.cli.data import upload_prepared
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.output import Json, credits, print_json, table
+from gpuflex.cli.output import Json, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client
 from gpuflex.cli.report import cost_table, write_report
 from gpuflex.cli.watch import EXIT_CODES, TERMINAL, watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
-from gpuflex.protocol.messages import JobInfo, Quote, Verdict
+from gpuflex.protocol.messages import JobEvent, JobInfo, Quote, Verdict
 from gpuflex.protocol.spec import JobSpec, load_job_spec
 
 job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
@@ -280,7 +280,12 @@ def verdict_table(verdicts: list[Verdict]) -> Group:
 def logs(job_id: JobId, url: Url = None, token: Token = None) -> None:
     """A job's event log: placements, leases, rounds, failures, and its tasks' own lines, each headed by
     who wrote it (``[worker 1 on NAME (NODE_ID)]``)."""
-    for e in consumer_client(url, token).logs(job_id):
+    print_events(consumer_client(url, token).logs(job_id))
+
+
+def print_events(events: list[JobEvent]) -> None:
+    """A job's or deployment's log, a line each with its time."""
+    for e in events:
         # escaped: a line's head ``[worker 1 on …]`` would otherwise be taken for markup, and vanish
         console.print(f"[dim]{e.at:%H:%M:%S}[/] {escape(e.message)}", highlight=False)
 
@@ -289,11 +294,7 @@ def logs(job_id: JobId, url: Url = None, token: Token = None) -> None:
 def cancel(job_id: JobId, url: Url = None, token: Token = None) -> None:
     """Cancel a job: providers are paid for time used, the rest is refunded."""
     job = consumer_client(url, token).cancel(job_id)
-    refund = credits(job.budget - job.spent)
-    console.print(
-        f"job {job.id} {job.state}; spent {credits(job.spent)} of a {credits(job.budget)} budget, "
-        f"{refund} refunded"
-    )
+    console.print(settled(f"job {job.id}", job.state, job.spent, job.budget))
 
 
 @job_app.command("fetch")

@@ -89,3 +89,11 @@ def credits(amount: float) -> str:
     """An amount of credits with the precision it was given: 0.001 prints as 0.001 (not 0.00), 10 as
     10.00 (``protocol.money.format_credits``, which the dashboard prints budgets with too)."""
     return format_credits(amount)
+
+
+def settled(what: str, state: str, spent: float, budget: float) -> str:
+    """What a job or deployment that ended cost and what went back to its owner's wallet."""
+    return (
+        f"{what} {state}; spent {credits(spent)} of a {credits(budget)} budget, "
+        f"{credits(budget - spent)} refunded"
+    )

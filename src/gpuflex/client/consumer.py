@@ -97,6 +97,10 @@ class Client:
         response = self.http.request("GET", f"/v1/deployments/{deployment_id}")
         return m.DeploymentDetail.model_validate(response.json())
 
+    def deployment_logs(self, deployment_id: str) -> list[m.JobEvent]:
+        rows = self.http.request("GET", f"/v1/deployments/{deployment_id}/logs").json()
+        return [m.JobEvent.model_validate(e) for e in rows]
+
     def scale(self, deployment_id: str, replicas: int) -> m.DeploymentInfo:
         body = m.DeploymentScale(replicas=replicas).model_dump()
         response = self.http.request("POST", f"/v1/deployments/{deployment_id}/scale", json=body)
@@ -106,6 +110,11 @@ class Client:
         """End a deployment; what its budget did not pay for goes back to the wallet."""
         response = self.http.request("POST", f"/v1/deployments/{deployment_id}/stop")
         return m.DeploymentInfo.model_validate(response.json())
+
+    def create_key(self, deployment_id: str) -> m.DeploymentKeyCreated:
+        """An API key scoped to the deployment, for OpenAI clients; its secret is shown this once."""
+        response = self.http.request("POST", f"/v1/deployments/{deployment_id}/keys")
+        return m.DeploymentKeyCreated.model_validate(response.json())
 
     def offers(self, query: str = "", order: str = "") -> list[m.Offer]:
         """The nodes on offer that ``query`` matches (``gpuflex.market.query``: e.g. ``"vram>=16

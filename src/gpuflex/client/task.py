@@ -11,6 +11,7 @@ import hashlib
 from gpuflex.client.http import HttpSession
 from gpuflex.errors import HashMismatch
 from gpuflex.protocol import messages as m
+from gpuflex.protocol.relay import RelayEvent, RelayEvents, RelayWork
 
 
 class TaskClient:
@@ -72,6 +73,15 @@ class TaskClient:
 
     def publish_round(self, publish: m.RoundPublish) -> None:
         self.http.request("POST", "/v1/task/rounds", json=publish.model_dump())
+
+    def relay_poll(self, wait_s: float) -> RelayWork:
+        """A deployment's replica: the requests to serve and cancel, waiting up to ``wait_s`` for some."""
+        response = self.http.request("GET", "/v1/task/relay", params={"wait": wait_s})
+        return RelayWork.model_validate(response.json())
+
+    def relay_events(self, events: list[RelayEvent]) -> None:
+        body = RelayEvents(events=events).model_dump(mode="json", exclude_defaults=True)
+        self.http.request("POST", "/v1/task/relay/events", json=body)
 
     def log(self, message: str) -> None:
         self.http.request("POST", "/v1/task/log", json=m.TaskLog(message=message[:2000]).model_dump())

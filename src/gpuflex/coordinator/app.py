@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 from contextlib import asynccontextmanager, suppress
 
 from fastapi import APIRouter, FastAPI, Request
@@ -19,8 +20,8 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex import __version__
-from gpuflex.coordinator import web
-from gpuflex.coordinator.auth import anonymous_call
+from gpuflex.coordinator import gateway, web
+from gpuflex.coordinator.auth import anonymous_call, gateway_caller
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.coordinator.fastpath import NodeCallFastPath
@@ -29,6 +30,7 @@ from gpuflex.coordinator.limits import BodySizeLimit
 from gpuflex.coordinator.metrics import CoordinatorMetrics, RequestMetrics
 from gpuflex.coordinator.metrics import router as metrics_router
 from gpuflex.coordinator.ratelimit import RateLimits
+from gpuflex.coordinator.relay import Relay
 from gpuflex.coordinator.routes import (
     COMMON_ERRORS,
     accounts,
@@ -40,8 +42,10 @@ from gpuflex.coordinator.routes import (
     market,
     nodes,
     operator,
+    relay,
     tasks,
 )
+from gpuflex.coordinator.routes.openai import create_router
 from gpuflex.coordinator.services import governance as governance_service
 from gpuflex.coordinator.services import jobs as job_service
 from gpuflex.coordinator.services import leases, liveness, payouts, registry
@@ -52,6 +56,8 @@ from gpuflex.protocol.messages import API_VERSION
 from gpuflex.storage import BlobStore, FsspecBlobStore, LocalBlobStore
 
 log = logging.getLogger("gpuflex.coordinator")
+
+GATEWAY_BODIES = (f"/{API_VERSION}/completions", f"/{API_VERSION}/chat/completions")
 
 
 def _expired(expired: list, metrics: CoordinatorMetrics | None) -> None:
@@ -208,6 +214,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     app.state.metrics = metrics
     app.state.heartbeats = heartbeats
     app.state.lease_granter = lease_granter
+    app.state.relay = Relay()
     app.state.rate_limits = RateLimits(
         rate_per_s=ctx.settings.rate_limit_per_s,
         burst=ctx.settings.rate_limit_burst,
@@ -216,8 +223,10 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         clock=ctx.now,
     )
     api = APIRouter(prefix=f"/{API_VERSION}", responses=COMMON_ERRORS)
-    for module in (accounts, jobs, deployments, nodes, tasks, blobs, market, ledger, governance, operator):
+    routers = (accounts, jobs, deployments, nodes, tasks, relay, blobs, market, ledger, governance, operator)
+    for module in routers:
         api.include_router(module.router)
+    api.include_router(create_router(gateway.backend, gateway_caller))  # the OpenAI API
     app.include_router(api)
     app.include_router(metrics_router)
     web.install(app, ctx)
@@ -233,6 +242,11 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         limits={  # the first prefix that matches wins
             f"/{API_VERSION}/blobs/missing": ctx.settings.max_request_bytes,
             f"/{API_VERSION}/blobs/": ctx.settings.max_blob_bytes,
+            # a replica's events: a batch of completions, each with its prompt's and output's token ids
+            f"/{API_VERSION}/task/relay/events": ctx.settings.max_blob_bytes,
+            # the OpenAI routes read their own bodies, after the key is checked, up to their own limit, and
+            # refuse a larger one as OpenAI's error object
+            **dict.fromkeys(GATEWAY_BODIES, sys.maxsize),
         },
     )
     app.add_middleware(RequestMetrics, metrics=metrics)

@@ -10,6 +10,7 @@ that proves nobody is charged to the client's address.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -18,10 +19,10 @@ from starlette.concurrency import run_in_threadpool
 
 from gpuflex.auth import signing
 from gpuflex.auth.signing import HEADER_NODE, HEADER_SIGNATURE
-from gpuflex.auth.tokens import API_PREFIX, TASK_PREFIX
+from gpuflex.auth.tokens import API_PREFIX, DEPLOYMENT_KEY_PREFIX, TASK_PREFIX
 from gpuflex.coordinator.context import CoordinatorContext
-from gpuflex.coordinator.db import Account, Lease, Node
-from gpuflex.coordinator.services import accounts, leases, registry
+from gpuflex.coordinator.db import Account, Job, Lease, Node
+from gpuflex.coordinator.services import accounts, deployment_keys, leases, registry
 from gpuflex.errors import Forbidden, Unauthorized
 
 
@@ -48,14 +49,14 @@ def client_address(request: Request) -> str:
 Ctx = Annotated[CoordinatorContext, Depends(get_context)]
 
 
-def _bearer(request: Request) -> str | None:
+def bearer(request: Request) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 def current_account(request: Request, ctx: Ctx) -> Account:
-    token = _bearer(request)
+    token = bearer(request)
     if not token or not token.startswith(API_PREFIX):
         raise Unauthorized("this endpoint needs an API token: Authorization: Bearer gfx_...")
     with ctx.tx() as s:
@@ -65,7 +66,7 @@ def current_account(request: Request, ctx: Ctx) -> Account:
 
 
 def current_task(request: Request, ctx: Ctx) -> Lease:
-    token = _bearer(request)
+    token = bearer(request)
     if not token or not token.startswith(TASK_PREFIX):
         raise Unauthorized("this endpoint needs a task token: Authorization: Bearer gfxtask_...")
     with ctx.tx() as s:
@@ -74,9 +75,38 @@ def current_task(request: Request, ctx: Ctx) -> Lease:
     return lease
 
 
+@dataclass(frozen=True)
+class GatewayCaller:
+    """Who calls the OpenAI gateway: an account (its token: any of its deployments), or an API key of
+    one deployment (``key_id``: only ``deployment_id``, on its owner's behalf)."""
+
+    account_id: str
+    key_id: str | None = None
+    deployment_id: str | None = None
+
+
+def gateway_caller(request: Request, ctx: Ctx) -> GatewayCaller:
+    token = bearer(request)
+    if token and token.startswith(DEPLOYMENT_KEY_PREFIX):
+        with ctx.read() as s:
+            key = deployment_keys.authenticate(s, token)
+            owner = s.get(Job, key.deployment_id).account_id
+        charge(request, f"key:{key.id}")
+        return GatewayCaller(owner, key.id, key.deployment_id)
+    if token and token.startswith(API_PREFIX):
+        with ctx.read() as s:
+            account = accounts.authenticate(s, token)
+        charge(request, f"account:{account.id}")
+        return GatewayCaller(account.id)
+    raise Unauthorized(
+        "missing or malformed API key: send a deployment's key (`gpuflex deployment key create DEP`) or "
+        "your account token as Authorization: Bearer KEY (the openai client's api_key)"
+    )
+
+
 def operator(request: Request, ctx: Ctx) -> None:
     """The operator alone may pass verdicts: its token is a secret of the coordinator's, never stored."""
-    token = _bearer(request)
+    token = bearer(request)
     if not token:
         raise Unauthorized("this endpoint needs the operator's token: Authorization: Bearer gfxop_...")
     if not secrets.compare_digest(token, ctx.settings.resolved_operator_token()):
@@ -129,7 +159,7 @@ async def current_node(request: Request, signed: SignedRequest, ctx: Ctx) -> Nod
 
 async def blob_reader(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
     """Blobs are read by nodes and tasks; consumers fetch their results through their jobs."""
-    token = _bearer(request)
+    token = bearer(request)
     if token and token.startswith(TASK_PREFIX):
         return (await run_in_threadpool(current_task, request, ctx)).node_id
     if HEADER_SIGNATURE in request.headers:
@@ -141,7 +171,7 @@ async def blob_reader(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
 
 async def blob_writer(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
     """Anyone authenticated may add a blob: it is named by its hash and changes nothing else."""
-    token = _bearer(request)
+    token = bearer(request)
     if token and token.startswith(API_PREFIX):
         return (await run_in_threadpool(current_account, request, ctx)).id
     return await blob_reader(request, ctx, signed)
@@ -151,7 +181,7 @@ async def anyone(request: Request, ctx: Ctx, signed: SignedRequest) -> None:
     """Who reads the network's public record (the journal, verdicts, governance, offers): anyone, so
     anyone can audit. A caller that shows an API token or a node signature is checked (401 if bad) and
     counted as itself; any other call is counted against the client's address, as sign-ups are."""
-    token = _bearer(request)
+    token = bearer(request)
     if token and token.startswith(API_PREFIX):
         await run_in_threadpool(current_account, request, ctx)
     elif HEADER_SIGNATURE in request.headers:

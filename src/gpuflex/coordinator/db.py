@@ -111,6 +111,20 @@ class Job(Base):
     paid_out_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # its held pay released
 
 
+class DeploymentKey(Base):
+    """An API key scoped to one deployment (its sha256 kept, as an account token's is), and what was
+    served with it: counted per request, for its owner to see (billing per token comes later)."""
+
+    __tablename__ = "deployment_keys"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class Task(Base):
     __tablename__ = "tasks"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)

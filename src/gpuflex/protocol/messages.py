@@ -221,6 +221,9 @@ class ServerConfig(Message):
     max_batch: int
 
 
+AnyTaskConfig = Annotated[TaskConfig | ServerConfig, Field(discriminator="role")]
+
+
 class LeaseGrant(Message):
     lease_id: str
     task_id: str
@@ -229,7 +232,7 @@ class LeaseGrant(Message):
     epoch: int
     expires_at: datetime
     task_token: str = Field(description="a bearer token scoped to this lease, for the task subprocess")
-    task: Annotated[TaskConfig | ServerConfig, Field(discriminator="role")]
+    task: AnyTaskConfig
 
 
 class LeaseReport(Message):
@@ -438,12 +441,33 @@ class DeploymentInfo(Message):
     budget: float
     spent: float
     reason: str = ""
+    # served over the last minute, as the coordinator that answers saw it (None: nothing served)
+    requests_per_s: float | None = None
+    tokens_per_s: float | None = Field(None, description="output tokens per second")
+    ttft_p50_ms: float | None = Field(None, description="time to first token, median")
+    ttft_p99_ms: float | None = None
+
+
+class KeyUsage(Message):
+    """A deployment's API key (never its secret) and what was served with it."""
+
+    id: str
+    created_at: datetime
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class DeploymentKeyCreated(KeyUsage):
+    deployment_id: str
+    key: str = Field(description="the API key; shown once, store it (OpenAI clients send it as api_key)")
 
 
 class DeploymentDetail(DeploymentInfo):
     spec: DeploymentSpec
     tasks: list[TaskInfo]
     costs: list[NodeCost]
+    keys: list[KeyUsage] = Field(default_factory=list, description="its API keys and their usage")
 
 
 # -- the task subprocess (bearer: the lease's task token) ----------------------------------

@@ -73,11 +73,13 @@ class Backend(Protocol):
 
 
 class LocalBackend:
-    """One ``Engine`` in this process, serving its model under ``name``."""
+    """One ``Engine`` in this process, serving its model under ``name``; ``context`` caps the model's own
+    (a deployment's limit)."""
 
-    def __init__(self, engine: Engine, name: str):
+    def __init__(self, engine: Engine, name: str, context: int | None = None):
         self.engine = engine
-        self.card = ModelCard(name, engine.model.context, int(time.time()))
+        limit = engine.model.context if context is None else min(context, engine.model.context)
+        self.card = ModelCard(name, limit, int(time.time()))
 
     def models(self) -> list[ModelCard]:
         return [self.card]
@@ -92,6 +94,11 @@ class LocalBackend:
         ids = _leaves_room(self._encode(prompt), card)
         if fill:
             params = replace(params, max_tokens=card.context - len(ids))
+        elif len(ids) + params.max_tokens > card.context:
+            raise BadRequest(
+                f"the prompt's {len(ids)} tokens plus max_tokens {params.max_tokens} exceed this model's "
+                f"context of {card.context} tokens"
+            )
         return self.engine.submit(ids, params)
 
     def _encode(self, prompt: Prompt) -> list[int]:

@@ -1,12 +1,14 @@
 """Deployments, seen only by the account that created them; ``{deployment_id}`` may be a unique prefix."""
 
 import logging
+from dataclasses import asdict
+from typing import TypeVar
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import deployments, governance
+from gpuflex.coordinator.services import deployment_keys, deployments, governance, jobs
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/deployments", tags=["deployments"], responses=errors(404, 409))
@@ -23,16 +25,33 @@ def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.Deploymen
     return info
 
 
+Info = TypeVar("Info", bound=m.DeploymentInfo)
+
+
+def _measured(info: Info, request: Request) -> Info:
+    """With what this process's relay measured of the deployment over the last minute."""
+    return info.model_copy(update=asdict(request.app.state.relay.stats(info.id)))
+
+
 @router.get("")
-def list_deployments(account: Consumer, ctx: Ctx) -> list[m.DeploymentInfo]:
+def list_deployments(request: Request, account: Consumer, ctx: Ctx) -> list[m.DeploymentInfo]:
     with ctx.read() as s:
-        return [deployments.info(s, d, ctx.now()) for d in deployments.list_for(s, account)]
+        found = [deployments.info(s, d, ctx.now()) for d in deployments.list_for(s, account)]
+    return [_measured(info, request) for info in found]
 
 
 @router.get("/{deployment_id}")
-def show(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentDetail:
+def show(deployment_id: str, request: Request, account: Consumer, ctx: Ctx) -> m.DeploymentDetail:
     with ctx.read() as s:
-        return deployments.detail(s, deployments.owned(s, account, deployment_id), ctx.now())
+        detail = deployments.detail(s, deployments.owned(s, account, deployment_id), ctx.now())
+    return _measured(detail, request)
+
+
+@router.get("/{deployment_id}/logs")
+def logs(deployment_id: str, account: Consumer, ctx: Ctx) -> list[m.JobEvent]:
+    """Its log: placements (or why a replica waits), leases, scaling, keys, its end."""
+    with ctx.read() as s:
+        return jobs.events(s, deployments.owned(s, account, deployment_id))
 
 
 @router.post("/{deployment_id}/scale")
@@ -53,3 +72,12 @@ def stop(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
         info = deployments.info(s, deployment, ctx.now())
     log.info("deployment stopped", extra={"job_id": info.id})
     return info
+
+
+@router.post("/{deployment_id}/keys", status_code=201)
+def create_key(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentKeyCreated:
+    """An API key that reaches this deployment only (through the OpenAI gateway); shown this once."""
+    with ctx.tx() as s:
+        created = deployment_keys.create(s, deployments.owned(s, account, deployment_id), ctx.now())
+    log.info("deployment key %s created", created.id, extra={"job_id": created.deployment_id})
+    return created

@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Task, new_id
-from gpuflex.coordinator.services import ids, jobs, leases, specs
+from gpuflex.coordinator.services import deployment_keys, ids, jobs, leases, specs
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.errors import BadRequest, Conflict
 from gpuflex.market.pricing import parameter_count
@@ -67,6 +67,11 @@ def _pin_job(session: Session, account: Account, model: DeployedModel) -> Deploy
             f"model.job: job {job.id} trains recipe {training.recipe}, which is not a transformers model; "
             "only hf-causal-lm jobs are served"
         )
+    if training.model.from_ is None:
+        raise BadRequest(
+            f"model.job: job {job.id} trained a model from scratch; only a job that tuned a model directory "
+            "(training.model.from) has one to serve (its checkpoint over that directory)"
+        )
     if job.checkpoint is None:
         raise Conflict(f"model.job: job {job.id} has no checkpoint yet ({job.state})")
     size = training.model.size
@@ -94,6 +99,29 @@ def owned(session: Session, account: Account, deployment_id: str) -> Job:
 
 def list_for(session: Session, account: Account) -> list[Job]:
     return jobs.list_for(session, account, KIND)
+
+
+def servable(session: Session, account_id: str, name: str) -> Job:
+    """The open deployment of ``account_id`` that a request's ``model`` names: its name (the newest of
+    that name), its id or a unique prefix of it. Anyone else's is as unknown as a missing one."""
+    scope = (Job.account_id == account_id, Job.kind == KIND, Job.state.in_(OPEN_JOB_STATES))
+    newest = select(Job).where(*scope, Job.name == name).order_by(Job.created_at.desc(), Job.id)
+    if (named := session.scalars(newest).first()) is not None:
+        return named
+    return ids.lookup(session, Job, name, *scope, what="deployment")
+
+
+def live_replicas(session: Session, deployment_id: str) -> set[str]:
+    """The leases of the deployment's replicas that are live now: only they are handed requests (a
+    replica scaled away or lost may still be polling until its agent stops it)."""
+    query = select(Lease.id).where(Lease.job_id == deployment_id, Lease.state == "active")
+    return set(session.scalars(query))
+
+
+def serving(session: Session, account_id: str) -> list[Job]:
+    """The open deployments of ``account_id``, oldest first."""
+    scope = (Job.account_id == account_id, Job.kind == KIND, Job.state.in_(OPEN_JOB_STATES))
+    return list(session.scalars(select(Job).where(*scope).order_by(Job.created_at, Job.id)))
 
 
 def _replicas(session: Session, deployment: Job) -> list[Task]:
@@ -170,4 +198,5 @@ def detail(session: Session, deployment: Job, now: float) -> m.DeploymentDetail:
         spec=specs.deployment(deployment),
         tasks=[jobs.task_info(t) for t in tasks],
         costs=jobs.costs(session, deployment, now),
+        keys=deployment_keys.of(session, deployment),
     )

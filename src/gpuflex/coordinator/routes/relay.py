@@ -1,0 +1,57 @@
+"""The relay as a deployment's replica sees it (``protocol.relay``), authenticated by its task token."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from gpuflex.auth.tokens import token_hash
+from gpuflex.coordinator.auth import Ctx, TaskLease, bearer, charge
+from gpuflex.coordinator.db import Lease, Task
+from gpuflex.coordinator.routes import errors
+from gpuflex.errors import Forbidden, Unauthorized
+from gpuflex.protocol.relay import RelayEvents, RelayWork
+
+router = APIRouter(prefix="/task/relay", tags=["tasks"], responses=errors(404, 409))
+
+MAX_WAIT_S = 30.0
+
+
+def server_lease(lease: TaskLease, ctx: Ctx) -> Lease:
+    """The caller's lease, if it is a deployment's replica's (a plain ``def``: read in the thread pool)."""
+    with ctx.read() as s:
+        if s.get(Task, lease.task_id).role != "server":
+            raise Forbidden("only a deployment's server task is relayed requests")
+    return lease
+
+
+ServerLease = Annotated[Lease, Depends(server_lease)]
+
+
+@router.get("")
+async def poll(
+    request: Request, lease: ServerLease, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 20.0
+) -> RelayWork:
+    """The requests to serve and to cancel, as soon as there are some or after ``wait`` seconds."""
+    token = bearer(request)
+    assert token is not None, "the lease was authenticated by its token"
+    return await request.app.state.relay.poll(lease.id, token_hash(token), wait)
+
+
+async def polling_replica(request: Request) -> str:
+    """The lease of the replica posting events: one polling this process, whose token its polls checked
+    against the database (so a post reads nothing there; a lease that ended fails its next poll)."""
+    token = bearer(request)
+    lease_id = request.app.state.relay.lease_of(token_hash(token)) if token else None
+    if lease_id is None:
+        raise Unauthorized("this task token is not a replica polling this coordinator: poll first")
+    charge(request, f"lease:{lease_id}")
+    return lease_id
+
+
+@router.post("/events")
+async def events(
+    body: RelayEvents, request: Request, lease_id: Annotated[str, Depends(polling_replica)]
+) -> dict[str, str]:
+    """What the replica's engine produced for the requests it serves (others' are dropped)."""
+    request.app.state.relay.deliver(lease_id, body.events)
+    return {"status": "delivered"}

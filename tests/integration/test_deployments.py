@@ -1,0 +1,109 @@
+"""A model deployed on a real network and used through the coordinator's OpenAI gateway: `gpuflex deploy
+--model DIR` uploads a saved llama, a community agent leases its replica, loads it from its cache and holds
+the relay open from its side; the official `openai` client then chats (streamed and not) and completes
+with a deployment key, whose usage `deployment show` counts; a wrong key, another deployment's key, an
+unknown model and a prompt past the context are each an OpenAI error object, and none is counted; when
+the replica's node is killed (`kill -9`), the replica is placed again on the node left and serves."""
+
+from __future__ import annotations
+
+import re
+
+import openai
+import pytest
+from typer.testing import CliRunner
+
+from gpuflex.cli.main import app
+from gpuflex.client import Client
+from gpuflex.localnet import LocalNetwork
+from gpuflex.testing import save_llama, wait_for
+
+from .test_finetune import client_token
+from .test_network import FAST_LIVENESS
+
+pytestmark = pytest.mark.integration
+
+CHAT = [{"role": "user", "content": "alpha beta"}]
+
+
+def _cli(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _served(gateway: openai.OpenAI, model: str) -> bool:
+    """Whether a replica answers yet (503 while it is placed or loads the model; a request handed to a
+    replica that just died waits for it, so the probe gives up sooner)."""
+    try:
+        gateway.with_options(timeout=5).completions.create(model=model, prompt="alpha", max_tokens=1)
+    except (openai.InternalServerError, openai.APITimeoutError):
+        return False
+    return True
+
+
+def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
+    model_dir = save_llama(tmp_path / "my-model", ["alpha beta gamma delta. " * 50])
+    with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
+        url = net.start_coordinator()
+        net.start_agent("c0", price=0.2)
+        client = Client(url, Client(url).create_account("it").token)
+        client.deposit(5)
+        who = ["--url", url, "--token", client_token(client)]
+        out = _cli("deploy", "--model", str(model_dir), "--max-price", "0.5", "--budget", "1", *who)
+        deployment = re.search(r"deployed (d-[0-9a-f]+)", out)[1]
+        key = re.search(r"gfxkey_[\w-]+", _cli("deployment", "key", "create", deployment, *who))[0]
+        gateway = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
+        wait_for(lambda: _served(gateway, deployment), 120, "the replica to serve")
+
+        said = gateway.chat.completions.create(model=deployment, messages=CHAT, max_tokens=6, temperature=0)
+        assert said.choices[0].finish_reason in ("stop", "length") and said.usage.completion_tokens >= 1
+        streamed = gateway.chat.completions.create(
+            model="my-model", messages=CHAT, max_tokens=6, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in streamed) == said.choices[0].message.content
+        completed = gateway.completions.create(model=deployment, prompt="gamma", max_tokens=4, seed=7)
+        assert completed.usage.prompt_tokens >= 1 and completed.model == deployment
+        assert [m.id for m in gateway.models.list()] == [deployment]
+
+        other = client.deploy(client.deployment(deployment).spec.model_copy(update={"name": "other"}))
+        others_key = client.create_key(other.id).key
+        refusals = (
+            (openai.AuthenticationError, key[:-3] + "xyz", deployment, "unknown API key"),
+            (
+                openai.PermissionDeniedError,
+                others_key,
+                deployment,
+                f"this API key is for {other.id}",
+            ),
+            (openai.NotFoundError, key, "no-such-model", "no deployment no-such-model"),
+            (openai.BadRequestError, key, deployment, "context"),
+        )
+        for error, api_key, model, says in refusals:
+            caller = openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=30)
+            long = "alpha beta gamma delta " * (200 if error is openai.BadRequestError else 1)
+            with pytest.raises(error, match=says) as refused:
+                caller.completions.create(model=model, prompt=long, max_tokens=4)
+            assert refused.value.body["message"] and refused.value.status_code < 500
+        client.stop_deployment(other.id)  # it waited for a node, and would take the next one
+
+        # the owner's account token: served, not counted on the key
+        chatted = CliRunner().invoke(app, ["chat", "my-model", *who], input="alpha beta\n\n")
+        assert chatted.exit_code == 0 and chatted.output.count("you>") == 2, chatted.output
+        shown = client.deployment(deployment)
+        assert [(k.requests, k.completion_tokens > 0) for k in shown.keys] == [(4, True)]  # 3 + the probe
+        assert (shown.state, shown.live_replicas) == ("running", 1)
+        assert shown.requests_per_s >= 5 / 60 and shown.tokens_per_s > 0 and 0 < shown.ttft_p50_ms < 10_000
+        listed = _cli("deployments", *who)
+        assert deployment in listed and "1/1" in listed and other.id in listed
+        assert shown.keys[0].id in _cli("deployment", "show", deployment, *who)
+
+        net.start_agent("c1", price=0.3)  # a lost replica is placed again, on the node that is left
+        wait_for(lambda: len(client.offers()) == 2, 60, "the second agent to register")
+        net.kill_agent("c0")
+        wait_for(lambda: client.deployment(deployment).tasks[0].epoch == 2, 60, "the replica to be re-placed")
+        wait_for(lambda: _served(gateway, deployment), 120, "the new replica to serve")
+        (task,) = client.deployment(deployment).tasks
+        assert {o.node_id: o.name for o in client.offers()}[task.node_id] == "c1"
+        stopped = client.stop_deployment(deployment)
+        assert client.balance().balance == pytest.approx(5 - stopped.spent)

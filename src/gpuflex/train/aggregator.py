@@ -143,14 +143,24 @@ class _Aggregator:
     def private_average(self, used: list[tuple[Contribution, Delta]]) -> Delta:
         """DP-FedAvg's noised average: clipped contributions over the fixed weight of every owner."""
         assert self.dp is not None and self.weights, "privacy.dp is a federated job's: it has weights"
-        everyone = [float(w) for w in self.weights.values()]
-        total = sum(everyone)
-        clipped = [(self.weight(c) / total, clip_to(d, self.dp.clip)[0]) for c, d in used]
-        mean = {n: sum(w * d[n] for w, d in clipped) for n in used[0][1]}
         if self.noise is None:
             self.noise = torch.Generator().manual_seed(secrets.randbits(63))
-        std = mean_noise_std(self.dp.clip, self.dp.noise_multiplier, everyone)
-        return add_noise(mean, std, self.noise)
+        everyone = [float(w) for w in self.weights.values()]
+        return private_mean([(self.weight(c), d) for c, d in used], everyone, self.dp, self.noise)
+
+
+def private_mean(
+    contributions: list[tuple[float, Delta]],
+    everyone: list[float],
+    dp: DPTask,
+    generator: torch.Generator | None = None,
+) -> Delta:
+    """``Σ w_i clip(Δ_i) / Σ everyone`` plus N(0, (z · C · max(everyone) / Σ everyone)²) on every value:
+    ``everyone`` is the weight of each of the job's owners, whether or not it contributed this round."""
+    total = sum(everyone)
+    clipped = [(w / total, clip_to(d, dp.clip)[0]) for w, d in contributions]
+    mean = {n: sum(w * d[n] for w, d in clipped) for n in contributions[0][1]}
+    return add_noise(mean, mean_noise_std(dp.clip, dp.noise_multiplier, everyone), generator)
 
 
 def run_aggregator(

@@ -1,6 +1,7 @@
-"""DP on a federated job: the spec's refusals, the noise of an average with unequal owners, and the
-coordinator's ledger (ε by round) and stop rule. The API-level refusal (before money moves) is in
-tests/coordinator/test_federated.py; the end-to-end runs in tests/integration/test_federated_dp.py."""
+"""DP on a federated job: the spec's refusals, the worker's clip, the noise of an average with unequal
+owners, and the coordinator's ledger (ε by round) and stop rule. The API-level refusal (before money
+moves) is in tests/coordinator/test_federated.py; the end-to-end runs in
+tests/integration/test_federated_dp.py."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ import math
 
 import pytest
 import torch
+from tests.train.helpers import synthetic_corpus, tiny_spec
 
 from gpuflex.coordinator.services import dp as ledger
 from gpuflex.errors import SpecError
-from gpuflex.privacy.dp import Accountant, for_job, mean_noise_std, noise_for_target, rounds_run
-from gpuflex.protocol.messages import DPTask
+from gpuflex.privacy.dp import Accountant, for_job, l2_norm, mean_noise_std, noise_for_target, rounds_run
+from gpuflex.protocol.messages import DPTask, TaskConfig
 from gpuflex.protocol.spec import JobSpec, parse_job_spec
 from gpuflex.train.aggregator import private_mean
+from gpuflex.train.compression import get_compressor
+from gpuflex.train.recipes import get_recipe
+from gpuflex.train.worker import Replica
 
 
 def _job(dp: dict, *, rounds: int = 8, data: dict | None = None) -> JobSpec:
@@ -136,3 +141,27 @@ def test_one_owners_contribution_moves_the_average_by_at_most_its_share_of_the_c
         g,
     )
     assert float(noisy["w"].std()) == pytest.approx(2.0 * 0.75 * clip, rel=0.02)  # z times that sensitivity
+
+
+def test_an_owners_worker_clips_its_pseudo_gradient_before_compressing_it_and_keeps_the_residual():
+    spec, recipe, corpus = (
+        tiny_spec(inner_steps=4, compression="int8"),
+        get_recipe("char-gpt"),
+        synthetic_corpus(),
+    )
+    dp = DPTask(clip=0.01, noise_multiplier=1.0, rounds=3)
+    config = TaskConfig(
+        job_id="j", task_id="w", role="worker", worker_index=0, num_workers=2, training=spec, dp=dp
+    )
+    replica = Replica(config, recipe, recipe.build_data(corpus, spec, 0, 2))
+    result = replica.train_round(replica.global_params(), 0, lambda: False)
+    assert l2_norm(result.delta) > 10 * dp.clip  # the bound bites
+    blob, _ = replica.seal(result)
+    shapes = {n: t.shape for n, t in result.delta.items()}
+    sent = get_compressor(spec.compression).decompress(blob, shapes=shapes)
+    assert l2_norm(sent) == pytest.approx(dp.clip, rel=0.02)  # the clipped delta, as int8 carries it
+    residual = replica.feedback.residual  # what int8 lost of the clipped delta stays here
+    assert l2_norm(residual) < 0.05 * dp.clip
+    unclipped = Replica(config.model_copy(update={"dp": None}), recipe, recipe.build_data(corpus, spec, 0, 2))
+    plain = get_compressor(spec.compression).decompress(unclipped.seal(result)[0], shapes=shapes)
+    assert l2_norm(plain) > 10 * dp.clip  # without DP the same delta goes out whole

@@ -71,6 +71,10 @@ def test_what_only_the_accountant_knows_is_refused_at_submit_in_one_line():
     unreachable = _job({"clip": 1, "target_epsilon": 0.01, "delta": 1e-5}, rounds=10_000)
     with pytest.raises(SpecError, match="needs a noise multiplier above 100"):
         ledger.submitted(unreachable)
+    meaningless = _job({"clip": 1, "noise_multiplier": 1e-3, "delta": 1e-5})
+    with pytest.raises(SpecError, match=r"over 8 rounds spends ε=4.4e\+06, past 100, where the guarantee"):
+        ledger.submitted(meaningless)
+    assert ledger.submitted(_job({"clip": 1, "noise_multiplier": 1e-3}))  # unaccounted: allowed
 
 
 def test_a_target_alone_sets_the_noise_for_every_round_asked():

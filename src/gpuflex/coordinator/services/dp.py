@@ -9,6 +9,7 @@ within it, and its log says so.
 
 from __future__ import annotations
 
+from gpuflex.errors import SpecError
 from gpuflex.privacy import dp
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
@@ -67,7 +68,14 @@ def submitted(spec: JobSpec) -> str | None:
     if p.accountant is None:
         return line + "; no delta: ε is not accounted"
     rounds = last_round(spec)
-    line += f", δ {p.delta:g}: ε {p.accountant.epsilon(rounds):.3g} after {rounds} rounds"
+    spent = p.accountant.epsilon(rounds)
+    if not spent <= dp.MAX_EPSILON:  # inf too: a noise multiplier so small the accountant gives up
+        raise SpecError(
+            f"privacy.dp: noise multiplier {p.noise_multiplier:g} over {rounds} rounds spends ε={spent:.3g}, "
+            f"past {dp.MAX_EPSILON:g}, where the guarantee says nothing: raise noise_multiplier, or leave "
+            "delta out to clip and noise without accounting"
+        )
+    line += f", δ {p.delta:g}: ε {spent:.3g} after {rounds} rounds"
     if p.target_epsilon is not None:
         line += f" (target {p.target_epsilon:g})"
     if rounds < spec.training.rounds:

@@ -95,6 +95,19 @@ def test_a_federated_job_runs_one_worker_on_each_admitting_owner_and_only_there(
             _spec(resources={"workers": 3, "min_workers": 3}),
             "min_workers is 3, and only 2 online owner",
         ),
+        (
+            "lab",
+            _spec(privacy={"dp": {"clip": 1, "noise_multiplier": 0.3, "target_epsilon": 1, "delta": 1e-5}}),
+            "privacy.dp: one round at noise multiplier 0.3 already spends",
+        ),
+        (
+            "lab",
+            _spec(
+                training={"rounds": 10_000},
+                privacy={"dp": {"clip": 1, "target_epsilon": 0.01, "delta": 1e-5}},
+            ),
+            "over 10000 rounds needs a noise multiplier above 100",
+        ),
     ],
 )
 def test_bad_federated_input_is_one_line_and_no_money_moves(coordinator, consumer, spec, says):

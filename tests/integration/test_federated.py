@@ -56,7 +56,7 @@ def _holding(root: Path, canary: str) -> list[Path]:
     return [p for p in files if any(n in p.read_bytes() for n in _needles(canary))]
 
 
-def _spec(rounds: int, round_timeout_s: float, **resources):
+def _spec(rounds: int, round_timeout_s: float, privacy: dict | None = None, **resources):
     return parse_job_spec(
         {
             "name": "federated",
@@ -72,6 +72,7 @@ def _spec(rounds: int, round_timeout_s: float, **resources):
             "data": {"federated": "records"},
             "budget": 1.0,
             "max_price_per_hour": 0.5,
+            "privacy": privacy or {},
         }
     )
 

@@ -10,7 +10,9 @@ from sqlalchemy import update
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import JournalEntry
 from gpuflex.coordinator.web.stats import ddp_bytes
+from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
+from gpuflex.testing import register_node
 
 from .helpers import MODEL_PARAMS, text_of
 
@@ -241,3 +243,19 @@ def test_the_job_page_shows_why_a_worker_waits_and_that_it_never_ran(web):
     assert "busy (worker, leased)" in tasks()
     alice.cancel(job.id)
     assert "worker 2 unplaced not placed never placed: no free node qualifies: box-" in tasks()
+
+
+def test_a_dp_jobs_page_shows_the_epsilon_spent_its_target_and_delta(web):
+    alice, token = web.consumer("alice", deposit=10)
+    web.node("core-1", core=True, price=0.4)
+    for i in range(2):
+        owned = m.PrivateDataset(name="notes", tokens=1000 * (i + 1), shards=1, manifest=str(i) * 64)
+        register_node(web.url, f"owner-{i}", price=0.1, private_data=[owned], consumers=["alice"])
+    dp = {"clip": 0.5, "noise_multiplier": 1.5, "target_epsilon": 6, "delta": 1e-5}
+    spec = JobSpec.model_validate({"name": "dp", "data": {"federated": "notes"}, "privacy": {"dp": dp}})
+    job = alice.submit(spec)
+    page = web.sign_in(token).get(f"/dashboard/jobs/{job.id}").text
+    tile = " ".join(re.sub(r"<[^>]+>", " ", text_of(page, "job-privacy")).split())
+    rounds = alice.job(job.id).privacy.rounds
+    shown = f"> Privacy (ε spent) 0.000 target 6.0 · δ 1e-05 · clip 0.5 · noise ×1.5 · {rounds} rounds Loss"
+    assert shown in tile, tile

@@ -21,7 +21,7 @@ from gpuflex.cli.report import cost_table, write_report
 from gpuflex.cli.watch import EXIT_CODES, TERMINAL, watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
-from gpuflex.protocol.messages import JobEvent, JobInfo, Quote, Verdict
+from gpuflex.protocol.messages import DPStatus, JobEvent, JobInfo, Quote, Verdict
 from gpuflex.protocol.spec import JobSpec, load_job_spec
 
 job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
@@ -252,13 +252,29 @@ def show(job_id: JobId, as_json: Json = False, url: Url = None, token: Token = N
     for t in job.tasks:
         if t.placement:
             console.print(f"{t.role} {t.index}: {t.placement}", markup=False, highlight=False)
-    rounds = table("round", "val loss", "train loss", "contributions", title="rounds")
+    if job.privacy is not None:
+        console.print(_privacy_line(job.privacy), highlight=False)
+    accounted = job.privacy is not None and job.privacy.delta is not None
+    columns = ("round", "val loss", "train loss", "contributions") + (("ε",) if accounted else ())
+    rounds = table(*columns, title="rounds")
     for r in job.rounds_log:
-        rounds.add_row(str(r.round), _f(r.val_loss), _f(r.train_loss), str(r.contributions))
+        epsilon = (f"{r.epsilon:.3f}" if r.epsilon is not None else "-",) if accounted else ()
+        rounds.add_row(str(r.round), _f(r.val_loss), _f(r.train_loss), str(r.contributions), *epsilon)
     console.print(rounds)
     console.print(cost_table(job))
     if job.verdicts:
         console.print(verdict_table(job.verdicts))
+
+
+def _privacy_line(p: DPStatus) -> str:
+    """``privacy.dp: ε 1.23 spent of target 4 (δ 1e-05); clip 1, noise multiplier 2; 6 rounds``."""
+    if p.delta is None:
+        spent = "ε not accounted (no delta)"
+    else:
+        target = f" of target {p.target_epsilon:g}" if p.target_epsilon is not None else ""
+        spent = f"ε {p.epsilon or 0:.3f} spent{target} (δ {p.delta:g})"
+    noise = f"clip {p.clip:g}, noise multiplier {p.noise_multiplier:.4g}"
+    return f"privacy.dp: {spent}; {noise}; {p.rounds} rounds"
 
 
 def verdict_table(verdicts: list[Verdict]) -> Group:

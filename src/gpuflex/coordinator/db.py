@@ -172,6 +172,7 @@ class Round(Base):
     train_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     contributions: Mapped[int] = mapped_column(Integer, default=0)
     published_at: Mapped[float] = mapped_column(Float)
+    epsilon: Mapped[float | None] = mapped_column(Float, nullable=True)  # privacy.dp: ε spent up to here
 
 
 class Contribution(Base):

@@ -21,6 +21,7 @@ from functools import lru_cache
 import torch
 
 from gpuflex.errors import Conflict, SpecError
+from gpuflex.protocol.spec import DPSpec
 
 MAX_NOISE_MULTIPLIER = 100.0  # past this the signal is gone; a target needing more is refused
 MAX_EPSILON = 100.0  # past this the guarantee says nothing
@@ -194,3 +195,38 @@ def plan(
             f"ε={accountant.epsilon(1):.3g}, over the target {target_epsilon}"
         )
     return result
+
+
+def for_job(dp: DPSpec, rounds: int) -> DPPlan:
+    """A job's ``privacy.dp`` resolved for its ``training.rounds``: the same plan every time it is asked
+    (the coordinator asks at submit, at each round and for every view; the calibration is the slow part)."""
+    return _for_job(dp, rounds)
+
+
+@lru_cache(maxsize=1024)
+def _for_job(dp: DPSpec, rounds: int) -> DPPlan:
+    return plan(
+        dp.clip,
+        rounds,
+        noise_multiplier=dp.noise_multiplier,
+        target_epsilon=dp.target_epsilon,
+        delta=dp.delta,
+    )
+
+
+def rounds_run(dp_plan: DPPlan | None, asked: int) -> int:
+    """The rounds a job runs: all it asked for, or fewer when its target ε allows fewer."""
+    allowed = dp_plan.rounds if dp_plan is not None else None
+    return asked if allowed is None else min(asked, allowed)
+
+
+def mean_noise_std(clip_bound: float, noise_multiplier: float, weights: list[float]) -> float:
+    """The noise on a weighted average ``Σ w_i Δ_i / Σ w_i`` over all of ``weights`` (a fixed denominator),
+    each ``Δ_i`` clipped to ``clip_bound``: ``z`` times its sensitivity, the largest owner's share of the
+    weight times the clip. Adding or removing one owner's contribution moves the average by at most
+    ``w_i / Σ w * clip``; calibrating to the largest ``w_i`` covers every owner (McMahan et al. 2018's
+    fixed-denominator estimator, with its bound on the weights as the largest weight itself)."""
+    total = sum(weights)
+    if not weights or total <= 0 or min(weights) < 0:
+        raise SpecError(f"DP noise for an average over the weights {weights}")
+    return noise_multiplier * clip_bound * max(weights) / total

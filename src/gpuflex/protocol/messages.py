@@ -181,6 +181,14 @@ class HeartbeatAck(Message):
     work: bool = Field(False, description="a task is placed on this node: ask for its lease now")
 
 
+class DPTask(Message):
+    """A DP job's settings as its tasks need them, resolved by the coordinator (``privacy.dp.for_job``)."""
+
+    clip: float = Field(description="each owner's pseudo-gradient's L2 bound, per round")
+    noise_multiplier: float = Field(description="the aggregator's noise over the average's sensitivity")
+    rounds: int = Field(description="the rounds the job runs: training.rounds, or fewer by its target ε")
+
+
 class TaskConfig(Message):
     """What a task subprocess needs to run: handed to it as a file by the agent."""
 
@@ -207,6 +215,7 @@ class TaskConfig(Message):
     adversary: str | None = Field(
         None, description="testing only: the gpuflex.train.adversaries kind this worker plays"
     )
+    dp: DPTask | None = Field(None, description="privacy.dp: workers clip, the aggregator adds the noise")
 
 
 class ServerConfig(Message):
@@ -325,6 +334,7 @@ class RoundInfo(Message):
     contributions: int
     tokens: int = 0
     published_at: datetime
+    epsilon: float | None = Field(None, description="privacy.dp with delta: the ε spent up to this round")
 
 
 class NodeCost(Message):
@@ -351,10 +361,22 @@ class FederatedOwner(Message):
     task_id: str
 
 
+class DPStatus(Message):
+    """A DP job's privacy ledger: its settings, resolved, and the ε its published rounds spent."""
+
+    clip: float
+    noise_multiplier: float
+    delta: float | None
+    target_epsilon: float | None
+    epsilon: float | None = Field(description="spent so far (None without delta: not accounted)")
+    rounds: int = Field(description="the rounds the job runs: all it asked for, or fewer by its target")
+
+
 class JobDetail(JobInfo):
     spec: JobSpec
     tasks: list[TaskInfo]
     owners: list[FederatedOwner] = Field(default_factory=list, description="data.federated: its owners")
+    privacy: DPStatus | None = Field(None, description="privacy.dp: ε spent, its target and δ")
     rounds_log: list[RoundInfo]
     costs: list[NodeCost]
     clearing_price: float | None = Field(

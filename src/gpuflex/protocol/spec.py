@@ -10,6 +10,7 @@ Every model is strict (``extra="forbid"``) so a typo is an error that names the 
                precision: fp32, micro_batch_size: null, gradient_checkpointing: false, lora: null}
     data: {source: stdlib}   # or {prepared: ./prepared}: a directory `gpuflex data prepare` wrote
                              # or {federated: notes}: private datasets their owners' nodes offer by name
+    privacy: {dp: {clip: 1.0, noise_multiplier: 1.1, delta: 1.0e-5, target_epsilon: 8}}  # federated only
     max_price_per_hour: 0.50
     budget: 2.00
     pricing: fixed          # or auction: a sealed-bid reverse auction for the workers (market/pricing.py)
@@ -331,6 +332,43 @@ class DataSpec(_Strict):
         return data
 
 
+class DPSpec(_Strict):
+    """Client-level differential privacy in the DP-FedAvg manner (``privacy.dp``, federated jobs only):
+    each owner's pseudo-gradient clipped to L2 norm ``clip``, Gaussian noise on the average.
+
+    ``{clip, noise_multiplier}`` (add ``delta`` to have ε accounted and shown, and ``target_epsilon`` to
+    stop the job before a round would pass it: rounds capped), or ``{clip, target_epsilon, delta}``: the
+    smallest noise multiplier that keeps all of ``training.rounds`` within the target (the coordinator
+    computes it at submit). The ranges here are checked with the spec; the accountant's checks (a target
+    one round already exceeds, one that needs more noise than ``privacy.dp.MAX_NOISE_MULTIPLIER``) at
+    submit, before the budget moves."""
+
+    clip: Annotated[float, Field(gt=0, le=1e6)] = Field(
+        description="the L2 norm each owner's pseudo-gradient is clipped to, per round"
+    )
+    noise_multiplier: Annotated[float, Field(gt=0, le=100)] | None = Field(
+        None, description="the noise's standard deviation over the sensitivity; unset: from target_epsilon"
+    )
+    target_epsilon: Annotated[float, Field(gt=0, le=100)] | None = Field(
+        None, description="the ε the job may spend at most (needs delta)"
+    )
+    delta: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        None, description="the δ of (ε, δ)-DP; keep it well under 1 / the owners' records"
+    )
+
+    @model_validator(mode="after")
+    def _complete(self) -> DPSpec:
+        if self.target_epsilon is not None and self.delta is None:
+            raise ValueError("target_epsilon needs delta: ε is accounted for a δ")
+        if self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError("give noise_multiplier, or target_epsilon and delta")
+        return self
+
+
+class PrivacySpec(_Strict):
+    dp: DPSpec | None = None
+
+
 class JobSpec(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     resources: Resources = Field(default_factory=Resources)
@@ -343,6 +381,7 @@ class JobSpec(_Strict):
         description="fixed: each node is paid its own price; auction: the workers' k lowest asks win and "
         "each is paid the (k+1)-th lowest ask (or max_price_per_hour)",
     )
+    privacy: PrivacySpec = Field(default_factory=PrivacySpec)
 
     @model_validator(mode="before")
     @classmethod
@@ -380,6 +419,11 @@ class JobSpec(_Strict):
                 raise ValueError(
                     "data.federated places one worker on each owner: no auction, no min_core_workers"
                 )
+        if self.privacy.dp is not None and self.data.federated is None:
+            raise ValueError(
+                "privacy.dp protects owners' data in a federated job: it needs data.federated (a job on "
+                "uploaded data has no owner to protect from the consumer who uploaded it)"
+            )
         if token_data is not None:
             if self.training.recipe not in PREPARED_RECIPES:
                 raise ValueError(

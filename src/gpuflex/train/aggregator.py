@@ -21,6 +21,17 @@ The weight ``w_i`` is the tokens contribution i trained on this round; in a fede
 (``config.weights``) it is its owner's dataset size in tokens instead, FedAvg's n_k: every owner runs
 the same steps, so by round tokens a small owner would count as much as a large one.
 
+With ``privacy.dp`` (a federated job; ``config.dp``) the average is DP-FedAvg's (McMahan et al. 2018):
+each decoded contribution is clipped to the bound C again (the worker clipped its delta, but error
+feedback may add residual to it), the weighted sum is divided by the weight of *all* the job's owners, not
+of those that came this round (a fixed denominator: one owner's absence moves it by its share alone), and
+Gaussian noise of standard deviation ``z · C · max_i w_i / Σ_i w_i`` is added to it
+(``privacy.dp.mean_noise_std``): the sensitivity of that average is the largest owner's share of the
+weight times C, so the noise is calibrated to the largest owner and covers every smaller one. With equal
+weights it is ``z · C / n``, the textbook scale. The noise comes from a generator seeded from the operating
+system, never from the job's seed (which the consumer knows). The job runs ``config.dp.rounds`` rounds:
+fewer than ``training.rounds`` when its target ε allows fewer.
+
 Round 0 is the recipe's seeded model, published as a full checkpoint. A replacement aggregator
 loads the newest checkpoint (weights and outer momentum) and replays the updates after it, so it
 continues exactly where its predecessor stopped; only the downlink residual is lost with it.
@@ -28,6 +39,7 @@ continues exactly where its predecessor stopped; only the downlink residual is l
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +49,9 @@ from torch import Tensor, nn
 
 from gpuflex.data.fetch import FetchedShards, ShardReader
 from gpuflex.errors import BadRequest, Conflict
-from gpuflex.protocol.messages import Contribution, RoundPublish, TaskConfig
+from gpuflex.privacy.dp import add_noise, mean_noise_std
+from gpuflex.privacy.dp import clip as clip_to
+from gpuflex.protocol.messages import Contribution, DPTask, RoundPublish, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.compression import Compressor, ErrorFeedback, get_compressor
 from gpuflex.train.outer import GlobalReplica, weighted_mean
@@ -78,6 +92,9 @@ class _Aggregator:
     robust: bool = False  # clipped averaging (with a verifier) rather than the token-weighted mean
     tokens: int = 0
     weights: dict[str, int] | None = None  # a federated job's, by worker task: its owner's tokens
+    dp: DPTask | None = None  # privacy.dp: clip again, average over all owners' weight, add noise
+    last: int = 0  # the round that ends the job: spec.rounds, or dp.rounds
+    noise: torch.Generator | None = None
 
     def publish(self, round: int, used: list[Contribution], update: bytes | None) -> None:
         """Evaluate the replica and publish it as ``round``, with its update and, when due, its state."""
@@ -86,7 +103,7 @@ class _Aggregator:
         known = [c for c in used if c.train_loss is not None]
         weight = sum(c.tokens for c in known)
         train_loss = sum(c.train_loss * c.tokens for c in known) / weight if weight else None
-        due = round % self.spec.checkpoint_every == 0 or round == self.spec.rounds
+        due = round % self.spec.checkpoint_every == 0 or round == self.last
         checkpoint = self.replica.to_bytes(tokens=self.tokens, val_loss=val_loss, train_loss=train_loss)
         publish = RoundPublish(
             round=round,
@@ -113,6 +130,8 @@ class _Aggregator:
     def average(self, used: list[tuple[Contribution, Delta]]) -> Delta:
         if not used:  # every contribution was convicted: the model stays where it is
             return {n: torch.zeros_like(p) for n, p in self.replica.parameters().items()}
+        if self.dp is not None:
+            return self.private_average(used)
         if not self.robust:
             return weighted_mean([(self.weight(c), d) for c, d in used])
         flats = [flatten(d) for _, d in used]
@@ -120,6 +139,28 @@ class _Aggregator:
 
     def weight(self, c: Contribution) -> int:
         return c.tokens if self.weights is None else self.weights.get(c.task_id, 0)
+
+    def private_average(self, used: list[tuple[Contribution, Delta]]) -> Delta:
+        """DP-FedAvg's noised average: clipped contributions over the fixed weight of every owner."""
+        assert self.dp is not None and self.weights, "privacy.dp is a federated job's: it has weights"
+        if self.noise is None:
+            self.noise = torch.Generator().manual_seed(secrets.randbits(63))
+        everyone = [float(w) for w in self.weights.values()]
+        return private_mean([(self.weight(c), d) for c, d in used], everyone, self.dp, self.noise)
+
+
+def private_mean(
+    contributions: list[tuple[float, Delta]],
+    everyone: list[float],
+    dp: DPTask,
+    generator: torch.Generator | None = None,
+) -> Delta:
+    """``Σ w_i clip(Δ_i) / Σ everyone`` plus N(0, (z · C · max(everyone) / Σ everyone)²) on every value:
+    ``everyone`` is the weight of each of the job's owners, whether or not it contributed this round."""
+    total = sum(everyone)
+    clipped = [(w / total, clip_to(d, dp.clip)[0]) for w, d in contributions]
+    mean = {n: sum(w * d[n] for w, d in clipped) for n in contributions[0][1]}
+    return add_noise(mean, mean_noise_std(dp.clip, dp.noise_multiplier, everyone), generator)
 
 
 def run_aggregator(
@@ -153,6 +194,7 @@ def run_aggregator(
             poll_interval_s=poll_interval_s,
             should_stop=should_stop,
             weights=config.weights,
+            dp=config.dp,
         )
 
 
@@ -166,11 +208,16 @@ def aggregate(
     poll_interval_s: float = 0.2,
     should_stop: Callable[[], bool] = lambda: False,
     weights: dict[str, int] | None = None,
+    dp: DPTask | None = None,
 ) -> AggregatorSummary:
-    """Publish rounds until round ``spec.rounds`` is out or ``should_stop``; resumes a job under way.
+    """Publish rounds until round ``spec.rounds`` (``dp.rounds`` with DP) is out or ``should_stop``;
+    resumes a job under way.
 
     Without a ``verifier`` every usable contribution is averaged (a trusted group, ``DiLoCo`` users);
-    ``weights``: each worker task's weight, instead of its round's tokens (a federated job)."""
+    ``weights``: each worker task's weight, instead of its round's tokens (a federated job); ``dp``: the
+    average is DP-FedAvg's (the module's doc)."""
+    if dp is not None and not weights:
+        raise Conflict("privacy.dp averages over the owners' weights: a federated job's aggregator has them")
     compressor = get_compressor(spec.compression)
     agg = _Aggregator(
         spec,
@@ -182,11 +229,13 @@ def aggregate(
         AggregatorSummary(start_round=0, round=0),
         robust=verifier is not None,
         weights=weights,
+        dp=dp,
+        last=spec.rounds if dp is None else dp.rounds,
     )
     if not _start(agg, compressor):
         return agg.summary
     gather = _Gatherer(transport, compressor, agg.replica.model, poll_interval_s, should_stop)
-    for r in range(agg.replica.round, spec.rounds):
+    for r in range(agg.replica.round, agg.last):
         used = gather.wait(r, spec.round_timeout_s)
         if used is None:
             return agg.summary

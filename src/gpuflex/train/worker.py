@@ -37,6 +37,7 @@ from torch import Tensor
 
 from gpuflex.data.fetch import FetchedShards, ShardReader
 from gpuflex.errors import Conflict
+from gpuflex.privacy import dp
 from gpuflex.protocol.messages import AuditStateSubmit, Commitment, ContributionSubmit, RoundState, TaskConfig
 from gpuflex.train.commitment import (
     AuditState,
@@ -156,6 +157,7 @@ class Replica:
         self.feedback = ErrorFeedback(compressor, decay=self.spec.compression.error_decay)
         self.global_ = GlobalReplica(build_model(self.spec, recipe), self.spec)
         self.decode = self.global_.decoder(compressor)
+        self.dp_clip = config.dp.clip if config.dp is not None else None  # privacy.dp: each delta's bound
 
     @property
     def tokens_per_step(self) -> int:
@@ -167,7 +169,14 @@ class Replica:
     def seal(self, result: RoundResult) -> tuple[bytes, RoundResult]:
         """Compress ``result.delta`` with error feedback; the commitment names the residual used and the
         one left, which the result keeps to answer an audit (they bind the blob to the trace, and chain
-        this contribution to the next)."""
+        this contribution to the next).
+
+        With ``privacy.dp`` the delta is clipped to its L2 bound first: the clipped delta is what this
+        owner releases. Error feedback then adds what earlier compressions left of earlier clipped deltas;
+        that residual stays here, and the aggregator clips what it decodes again, so a round's
+        contribution never counts for more than the bound however much residual it carries."""
+        if self.dp_clip is not None:
+            result = replace(result, delta=dp.clip(result.delta, self.dp_clip)[0])
         residual, chain = self.feedback.residual, self.feedback.compressions  # ``compress`` replaces them
         blob = self.feedback.compress(result.delta)
         if result.commitment is None:

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import federated, ids, leases, ledger, specs, verification
+from gpuflex.coordinator.services import dp, federated, ids, leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.data.fit import check_job
 from gpuflex.data.manifest import parse_manifest
@@ -40,6 +40,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         model = msg.spec.training.model
         check_uploaded_model(model.uploaded, model.size, blobs, "training.model.from")
     spec, owners = msg.spec, None
+    privacy = dp.submitted(spec)  # a DP setting the accountant refuses is refused before money moves
     if spec.data.federated is not None:
         if msg.dataset is not None:
             raise BadRequest("data.federated: the data stays with its owners; upload no dataset")
@@ -60,6 +61,8 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
     )
     escrow(session, account, job, now)
     session.add(JobEvent(job_id=job.id, at=now, message=f"submitted by {account.name}; budget in escrow"))
+    if privacy is not None:
+        session.add(JobEvent(job_id=job.id, at=now, message=privacy))
     if owners is not None:
         federated.add_tasks(session, job, owners, now)
         return job
@@ -272,6 +275,7 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
         spec=spec,
         tasks=[task_info(t) for t in tasks],
         owners=federated.owners_of(session, job, spec),
+        privacy=dp.status(spec, job.round),
         rounds_log=[
             m.RoundInfo(
                 round=r.round,
@@ -282,6 +286,7 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
                 train_loss=r.train_loss,
                 contributions=r.contributions,
                 published_at=r.published_at,
+                epsilon=r.epsilon,
             )
             for r in rounds
         ],

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from gpuflex.auth.tokens import new_task_token, token_hash
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, new_id
-from gpuflex.coordinator.services import federated, market, specs
+from gpuflex.coordinator.services import dp, federated, market, specs
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Conflict, Forbidden, NotFound, Unauthorized
 from gpuflex.ledger.metering import lease_cost_micro
@@ -229,6 +229,7 @@ def _task_config(task: Row, spec: specs.Spec, weights: dict[str, int] | None) ->
         recipe_code=task.recipe_code,
         federated=spec.data.federated,
         weights=weights,
+        dp=dp.task(spec),
     )
 
 

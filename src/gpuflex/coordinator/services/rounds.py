@@ -11,7 +11,7 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Node, Round, Task
-from gpuflex.coordinator.services import jobs, specs, verification
+from gpuflex.coordinator.services import dp, jobs, specs, verification
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.protocol import messages as m
 from gpuflex.storage import BlobStore
@@ -205,7 +205,8 @@ def publish(
     if msg.round != job.round + 1:
         raise Conflict(f"expected round {job.round + 1}, got {msg.round}")
     _check_blobs_exist(blobs, msg.update, msg.checkpoint)
-    last = specs.of(job).training.rounds
+    spec = specs.of(job)
+    last = dp.last_round(spec)  # training.rounds, or fewer when privacy.dp's target allows fewer
     if msg.checkpoint is None and msg.round in (0, last):
         raise BadRequest(f"round {msg.round} must carry the full state (checkpoint)")
     if msg.update is None and msg.round > 0:
@@ -222,6 +223,7 @@ def publish(
             train_loss=msg.train_loss,
             contributions=msg.contributions,
             published_at=now,
+            epsilon=dp.epsilon(spec, msg.round),
         )
     )
     if msg.checkpoint is not None:
@@ -246,4 +248,6 @@ def publish(
     )
     session.flush()
     if msg.round >= last:
+        if stopped := dp.stopped(spec, msg.round):
+            session.add(JobEvent(job_id=job.id, at=now, message=stopped))
         jobs.finish(session, job, "completed", "", now, fee_bps=fee_bps)

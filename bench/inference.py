@@ -645,7 +645,7 @@ def _summary(
         "failover_held_requests": failover["held"],
         "failover_added_latency_ms": {
             "held_max": max(failover["held_added_latency_ms"], default=None),
-            "held_p50": percentile(failover["held_added_latency_ms"], 50)
+            "held_p50": round(percentile(failover["held_added_latency_ms"], 50), 1)
             if failover["held_added_latency_ms"]
             else None,
             "others_max": failover["others_added_latency_max_ms"],

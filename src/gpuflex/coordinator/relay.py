@@ -22,6 +22,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,10 +31,14 @@ from gpuflex.protocol.relay import RelayCompletion, RelayEvent, RelayRequest, Re
 from gpuflex.serve.engine import Cancelled, Completion, Event, Usage
 from gpuflex.serve.sampling import SamplingParams
 
+if TYPE_CHECKING:
+    from gpuflex.coordinator.broker import Broker
+
 STALE_S = 5.0  # a replica that has not polled for this long takes no new request
 LOST_S = 3.0  # a replica with no poll waiting for this long is lost: its requests move to another
 CHECK_S = 0.5  # how often a request waiting for its replica's events checks the replica is there
 MAX_FAILOVERS = 3  # a request lost on this many replicas fails
+REMOTE = "@"  # a request's lease id, prefixed: its replica is held by another coordinator process
 START_S = 30.0  # a replica says whether it took a request (encoded, it fits) within this
 SILENCE_S = 60.0  # a request whose replica sends nothing for this long fails
 WINDOW_S = 60.0  # ``stats`` covers the requests served this long ago at most
@@ -221,6 +226,7 @@ class Relay:
     """The replicas connected to this process, by lease id."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.broker: Broker | None = None  # with other coordinator processes (``coordinator.broker``)
         self._clock = clock
         self._lock = threading.Lock()
         self._replicas: dict[str, _Replica] = {}
@@ -238,6 +244,8 @@ class Relay:
                 replica = _Replica(asyncio.get_running_loop(), token_hash=token_hash)
                 self._replicas[lease_id] = replica
             replica.lost = False
+            if self.broker is not None:
+                self.broker.announce(lease_id)
             if replica.requests or replica.cancels:
                 return replica.take()
             replica.wake.clear()  # on the loop, as notify's set is: no wake-up falls between
@@ -262,6 +270,8 @@ class Relay:
     def alive(self, lease_id: str) -> bool:
         """Whether the replica of ``lease_id`` still serves; one with no poll waiting for ``LOST_S`` is
         lost (``_lose``), and so is one this process no longer knows."""
+        if lease_id.startswith(REMOTE):
+            return True  # served through the broker: its holder says when it is lost
         with self._lock:
             replica = self._replicas.get(lease_id)
             if replica is None or replica.lost:
@@ -338,6 +348,12 @@ class Relay:
                 for k, r in self._replicas.items()
                 if k in generation.leases and k not in generation.lost and r.connected(now)
             ]
+            if not live and self.broker is not None:
+                held = self.broker.holder(generation.leases - generation.lost)
+                if held is not None:  # another coordinator process holds its replica
+                    generation.lease_id = REMOTE + held
+                    self.broker.submit(generation, held)
+                    return
             if not live:
                 lost = " any more (its replica was lost)" if generation.lost else " yet"
                 raise ServiceError(
@@ -370,6 +386,10 @@ class Relay:
             )
 
     def _cancel(self, lease_id: str, request_id: str) -> None:
+        if lease_id.startswith(REMOTE):
+            assert self.broker is not None, "only the broker's requests are remote"
+            self.broker.cancel(lease_id.removeprefix(REMOTE), request_id)
+            return
         with self._lock:
             replica = self._replicas.get(lease_id)
             if replica is not None and replica.open.pop(request_id, None) is not None:

@@ -49,7 +49,9 @@ class Broker:
         self._waiting: dict[str, RemoteGeneration] = {}  # request id -> its reader here
         self._serving: dict[str, RemoteGeneration] = {}  # request id -> served here for another
         self._parts: dict[str, list[str]] = {}
-        self._outbox: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._batches: dict[str, list[dict]] = {}  # events waiting to be sent, by channel
+        # (channel, payload); a payload of None: the channel's batch of events
+        self._outbox: queue.SimpleQueue[tuple[str, str | None] | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -113,21 +115,29 @@ class Broker:
     # ---------------------------------------------------------------------------------- the threads
 
     def _post(self, channel: str, message: dict) -> None:
-        text = json.dumps(message)
-        if len(text) <= PART:
+        for text in _notifications(message):
             self._outbox.put((channel, text))
-            return
-        key = secrets.token_hex(6)
-        chunks = [text[i : i + PART] for i in range(0, len(text), PART)]
-        for i, chunk in enumerate(chunks):
-            self._outbox.put(
-                (channel, json.dumps({"t": "part", "m": key, "i": i, "n": len(chunks), "d": chunk}))
-            )
+
+    def _post_event(self, channel: str, event: RelayEvent) -> None:
+        """Events for one channel go together: those queued while the sender is busy, in one message."""
+        with self._lock:
+            batch = self._batches.setdefault(channel, [])
+            batch.append(event.model_dump(mode="json", exclude_none=True))
+            first = len(batch) == 1
+        if first:
+            self._outbox.put((channel, None))
 
     def _send(self, conn: psycopg.Connection) -> None:
         with conn:
             while (item := self._outbox.get()) is not None:
-                conn.execute("SELECT pg_notify(%s, %s)", item)
+                channel, text = item
+                if text is not None:
+                    conn.execute("SELECT pg_notify(%s, %s)", (channel, text))
+                    continue
+                with self._lock:
+                    events = self._batches.pop(channel, [])
+                for each in _notifications({"t": "events", "events": events}):
+                    conn.execute("SELECT pg_notify(%s, %s)", (channel, each))
 
     def _listen(self, conn: psycopg.Connection) -> None:
         with conn:
@@ -178,7 +188,7 @@ class Broker:
             if event.kind in ("done", "error"):
                 with self._lock:
                     self._serving.pop(request.id, None)
-            self._post(reply, {"t": "events", "events": [event.model_dump(mode="json", exclude_none=True)]})
+            self._post_event(reply, event)
 
         generation = RemoteGeneration(
             self.relay, message["deployment"], request, params, [message["lease"]], time.monotonic()
@@ -190,6 +200,18 @@ class Broker:
             self.relay._place(generation)
         except ServiceError as err:
             forward(RelayEvent(id=request.id, kind="error", status=503, message=err.message))
+
+
+def _notifications(message: dict) -> list[str]:
+    """The message as notification payloads: itself, or its parts."""
+    text = json.dumps(message)
+    if len(text) <= PART:
+        return [text]
+    key = secrets.token_hex(6)
+    chunks = [text[i : i + PART] for i in range(0, len(text), PART)]
+    return [
+        json.dumps({"t": "part", "m": key, "i": i, "n": len(chunks), "d": c}) for i, c in enumerate(chunks)
+    ]
 
 
 def for_database(url: str, relay: Relay) -> Broker | None:

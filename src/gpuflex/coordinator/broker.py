@@ -67,6 +67,7 @@ class Broker:
 
     def stop(self) -> None:
         self._stop.set()
+        self._post(self.channel, {"t": "stop"})  # wakes the listener now
         self._outbox.put(None)
         for thread in self._threads:
             thread.join(timeout=5)
@@ -144,9 +145,13 @@ class Broker:
             while not self._stop.is_set():
                 for note in conn.notifies(timeout=0.5):
                     self._take(json.loads(note.payload))
+                    if self._stop.is_set():
+                        break
 
     def _take(self, message: dict) -> None:
         kind = message["t"]
+        if kind == "stop":
+            return
         if kind == "part":
             parts = self._parts.setdefault(message["m"], [])
             parts.append(message["d"])

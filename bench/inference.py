@@ -1,11 +1,10 @@
-"""Inference benchmark, the engine's part: direct throughput and TTFT, and the verifier against every cheat.
+"""Inference benchmark: throughput and TTFT direct and through the gateway, failover, the verifier vs cheats.
 
     .venv/bin/python bench/inference.py --quick   # 64 honest audited requests, 6 per cheat kind
     .venv/bin/python bench/inference.py           # 320 honest audited requests, 30 per cheat kind
 
-Issue 30 names this benchmark; the gateway, the agent's connection and failover do not exist yet, so
-this script measures what ``gpuflex.serve`` alone can: its keys that need the gateway are ``null`` and
-listed in ``pending``, never estimated.
+Issue 30 names this benchmark: the engine in-process (1, 3 below), the same saved model through the
+coordinator's gateway on a local network with failover (``inference_gateway``, 1b), and the verifier (2, 3).
 
 It builds its own model: a byte-level BPE tokenizer trained on the standard library's source and a
 llama of 5.2M parameters (4 layers, 256 wide, 4 heads, 2,048 tokens, a context of 512), weights drawn
@@ -20,6 +19,14 @@ string or ``max_tokens``.
 1. **Direct throughput and TTFT** (``Engine`` called in-process, one torch thread, ``max_batch`` 8): the
    same requests served by 1 and by 8 closed-loop streams (a stream submits its next request when its
    last has ended). tokens/s = completion tokens / wall seconds; TTFT = submit to first event.
+1b. **Through the gateway** (``inference_gateway``: a coordinator and an agent as processes on loopback,
+   the saved model deployed, the official ``openai`` client streaming): the same requests by 1 and by 8
+   streams. ``gateway_efficiency`` = gateway tokens/s ÷ direct tokens/s at 8 streams; ``ttft_p50_ms``,
+   ``ttft_p99_ms`` at 8 streams; ``added_latency_p50_ms`` = the gateway's TTFT p50 less the direct one at
+   one stream (at 8 streams, queueing for a row dominates both; ``added_latency_8_streams_p50_ms``).
+   Then a second agent and replica, 16 long requests by 8 streams, and the first agent killed (``kill
+   -9``) once all 8 are under way: ``failover_failed_requests`` (raised, or a text other than the direct
+   engine's for that prompt and seed), ``failover_held_requests`` and ``failover_added_latency_ms``.
 2. **Honest audited requests**: groups of requests served by the provider's engine with torch threads
    1 or 2 and ``max_batch`` 1, 4 or 8 (a group's requests submitted at once), each output verified
    (``verify.verify``) on the verifier's instance with its own threads (1 or 2).
@@ -49,8 +56,7 @@ string or ``max_tokens``.
    figures closest to passing.
 
 The last stdout line is one JSON object (``bench/results/inference[-quick].json`` holds it with the
-per-group details): the keys above, 95% Clopper-Pearson intervals, ``pending`` (the gateway's keys, null)
-and ``targets`` (null where pending).
+per-group details): the keys above, 95% Clopper-Pearson intervals and ``targets``.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import inference_gateway
 import torch
 from prepare import corpus_documents
 from verification import clopper_pearson
@@ -87,20 +94,13 @@ TEXT_BYTES = 2_000_000  # of the standard library's source: the tokenizer's text
 TARGETS = {
     "gateway_efficiency": 0.9,
     "added_latency_p50_ms": 20.0,
+    "failover_failed_requests": 0,
     "false_positive_rate": 0.0,
     "honest_audited": 300,
     "verifier_cost_ratio": 0.1,
     "prover_overhead": 0.02,
     "commitment_bytes_per_32_tokens": 258,
 }
-PENDING = [
-    "gateway_tokens_per_s",
-    "gateway_efficiency",
-    "ttft_p50_ms",
-    "ttft_p99_ms",
-    "added_latency_p50_ms",
-    "failover_failed_requests",
-]
 # (torch threads, max_batch) of the provider's groups, and the verifier's threads for each, in turn
 PROVERS = [(1, 1, 2), (1, 4, 1), (2, 8, 1), (2, 1, 1), (1, 8, 2), (2, 4, 2)]
 COST_THREADS = 1  # the verifier's cost is timed on as many threads as the provider's groups it is compared to
@@ -558,10 +558,10 @@ def main() -> None:
     torch.set_num_threads(1)
     documents = corpus_documents("stdlib", TEXT_BYTES)
     rng = random.Random(args.seed)
-    with tempfile.TemporaryDirectory(prefix="gpuflex-inference-") as tmp:
-        model_dir = save_llama(Path(tmp) / "model", documents, seed=args.seed, **MODEL)
-        provider = ServedModel.load(model_dir, device="cpu")
-        verifier = ServedModel.load(model_dir, device="cpu")  # the verifier's own instance
+    saved = tempfile.TemporaryDirectory(prefix="gpuflex-inference-")  # kept for the gateway's agents
+    model_dir = save_llama(Path(saved.name) / "model", documents, seed=args.seed, **MODEL)
+    provider = ServedModel.load(model_dir, device="cpu")
+    verifier = ServedModel.load(model_dir, device="cpu")  # the verifier's own instance
     parameters = sum(p.numel() for p in provider.model.parameters())
     print(f"model: {parameters:,} parameters, {len(documents):,} documents", flush=True)
 
@@ -570,17 +570,23 @@ def main() -> None:
     direct = {f"{n}_streams": streams(provider, prompts, params, n) for n in (1, 8)}
     for figures in direct.values():
         print(f"  direct: {json.dumps(figures)}", flush=True)
+    failover_prompts, failover_params = inference_gateway.failover_work(prompts, params)
+    expected, _ = serve(provider, failover_prompts, failover_params, batch=8, threads=1)
+    expected = {"prompts": failover_prompts, "params": failover_params, "texts": [c.text for c in expected]}
+    with saved:
+        gateway = inference_gateway.measure(model_dir, prompts, params, expected)
 
     honest = audit_honest(provider, verifier, make_asks(rng, documents, mode.honest))
     cheated = audit_cheats(provider, verifier, documents, mode.per_cheat, args.seed)
 
-    summary = _summary(args, mode, parameters, direct, honest, cheated)
+    summary = _summary(args, mode, parameters, direct, gateway, honest, cheated)
     summary["wall_s"] = round(time.monotonic() - began, 1)
     summary["load_average"] = {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("inference-quick.json" if args.quick else "inference.json")
     details = {
         "direct": direct,
+        "gateway": gateway,
         "honest_groups": honest.groups,
         "honest_failed": honest.failed,
         "cheats": cheated,
@@ -589,7 +595,9 @@ def main() -> None:
     print(json.dumps(summary))
 
 
-def _summary(args, mode: Mode, parameters: int, direct: dict, honest: Honest, cheated: dict) -> dict:
+def _summary(
+    args, mode: Mode, parameters: int, direct: dict, gateway: dict, honest: Honest, cheated: dict
+) -> dict:
     caught = sum(c["caught"] for c in cheated.values())
     total = sum(c["total"] for c in cheated.values())
     false_positives = len(honest.failed)
@@ -613,19 +621,35 @@ def _summary(args, mode: Mode, parameters: int, direct: dict, honest: Honest, ch
         for b in sorted({g["max_batch"] for g in honest.groups})
     }
     thresholds = asdict(Thresholds())
+    efficiency = gateway["8_streams"]["tokens_per_s"] / direct["8_streams"]["tokens_per_s"]
+    added = gateway["1_streams"]["ttft_p50_ms"] - direct["1_streams"]["ttft_p50_ms"]
+    failover = gateway["failover"]
     return {
         "direct_tokens_per_s": direct["8_streams"]["tokens_per_s"],
         "direct_tokens_per_s_1_stream": direct["1_streams"]["tokens_per_s"],
-        "gateway_tokens_per_s": None,
-        "gateway_efficiency": None,
+        "gateway_tokens_per_s": gateway["8_streams"]["tokens_per_s"],
+        "gateway_efficiency": round(efficiency, 3),
         "direct_ttft_p50_ms": direct["8_streams"]["ttft_p50_ms"],
         "direct_ttft_p99_ms": direct["8_streams"]["ttft_p99_ms"],
         "direct_ttft_1_stream_p50_ms": direct["1_streams"]["ttft_p50_ms"],
         "direct_ttft_1_stream_p99_ms": direct["1_streams"]["ttft_p99_ms"],
-        "ttft_p50_ms": None,
-        "ttft_p99_ms": None,
-        "added_latency_p50_ms": None,
-        "failover_failed_requests": None,
+        "ttft_p50_ms": gateway["8_streams"]["ttft_p50_ms"],
+        "ttft_p99_ms": gateway["8_streams"]["ttft_p99_ms"],
+        "ttft_1_stream_p50_ms": gateway["1_streams"]["ttft_p50_ms"],
+        "added_latency_p50_ms": round(added, 1),
+        "added_latency_8_streams_p50_ms": round(
+            gateway["8_streams"]["ttft_p50_ms"] - direct["8_streams"]["ttft_p50_ms"], 1
+        ),
+        "failover_failed_requests": failover["failed"],
+        "failover_requests": failover["requests"],
+        "failover_held_requests": failover["held"],
+        "failover_added_latency_ms": {
+            "held_max": max(failover["held_added_latency_ms"], default=None),
+            "held_p50": round(percentile(failover["held_added_latency_ms"], 50), 1)
+            if failover["held_added_latency_ms"]
+            else None,
+            "others_max": failover["others_added_latency_max_ms"],
+        },
         "detection_rate": {
             "overall": round(rate(caught, total), 4),
             **{kind: round(rate(c["caught"], c["total"]), 4) for kind, c in cheated.items()},
@@ -663,10 +687,10 @@ def _summary(args, mode: Mode, parameters: int, direct: dict, honest: Honest, ch
             "thresholds": thresholds,
             "cheats_closest": {k: c["closest"] for k, c in cheated.items()},
         },
-        "pending": PENDING,
         "targets": {
-            "gateway_efficiency": None,
-            "added_latency_p50_ms": None,
+            "gateway_efficiency": efficiency >= TARGETS["gateway_efficiency"],
+            "added_latency_p50_ms": added <= TARGETS["added_latency_p50_ms"],
+            "failover_failed_requests": failover["failed"] == TARGETS["failover_failed_requests"],
             "false_positive_rate": fpr == TARGETS["false_positive_rate"],
             "honest_audited": honest.requests >= TARGETS["honest_audited"],
             "verifier_cost_ratio": verifier_cost <= TARGETS["verifier_cost_ratio"],

@@ -1,6 +1,8 @@
 """The gateway's relay: a waiting poll wakes when a request is handed to it, each request goes to the
 connected replica with the fewest open, a replica's refusal is the caller's error before any token, a
-client that leaves cancels on the replica, and a replica that stopped polling takes nothing new. The
+client that leaves cancels on the replica, a replica that stopped polling takes nothing new, and a
+request whose replica is lost (its poll's connection dropped, or no poll for LOST_S) goes on on another
+from the tokens read, billed once. The
 replica's side is played through the relay's own calls (poll, deliver) on an event loop of its own."""
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from gpuflex.coordinator.relay import STALE_S, WINDOW_S, Relay
+from gpuflex.coordinator.relay import LOST_S, STALE_S, WINDOW_S, Relay
 from gpuflex.errors import BadRequest, ServiceError
 from gpuflex.protocol.relay import (
     RelayCompletion,
@@ -173,3 +175,83 @@ def test_a_deployment_without_a_connected_replica_is_a_503_to_the_caller(loop):
     now[0] = STALE_S + 1  # it stopped polling
     with pytest.raises(ServiceError, match="has no replica serving yet"):
         relay.submit("d-1", request(1), SamplingParams(), LIVE)
+
+
+def test_a_request_whose_replica_drops_its_poll_goes_on_on_another_from_the_tokens_read(loop, caller):
+    relay = Relay()
+    poll(loop, relay, "l-2", 0).result(timeout=2)
+    dropped = asyncio.run_coroutine_threadsafe(_event(), loop).result(timeout=2)
+    holding = asyncio.run_coroutine_threadsafe(relay.poll("l-1", "hash-of-l-1", 5, dropped.wait()), loop)
+    time.sleep(0.1)
+    submitted = caller.submit(relay.submit, "d-1", request(1), SamplingParams(seed=4), {"l-1"})
+    assert [r.id for r in holding.result(timeout=2).requests] == ["r1"]
+    relay.deliver("l-1", [RelayEvent(id="r1", kind="started")])
+    generation = submitted.result(timeout=2)
+    generation.leases = frozenset(LIVE)  # l-2 is live for it now
+    relay.deliver("l-1", [RelayEvent(id="r1", kind="token", token=5, text="a")])
+    events = iter(generation)
+    assert next(events) == Event(5, "a")
+    rest = caller.submit(list, events)  # the reader waits for the rest
+    holding = asyncio.run_coroutine_threadsafe(relay.poll("l-1", "hash-of-l-1", 5, dropped.wait()), loop)
+    time.sleep(0.1)
+    loop.call_soon_threadsafe(dropped.set)  # kill -9: its poll's connection drops
+    assert holding.result(timeout=2) == RelayWork()
+    (moved,) = poll(loop, relay, "l-2", 2).result(timeout=2).requests
+    assert (moved.resume, moved.params.seed, moved.prompt) == ([5], None, request(1).prompt)
+    completion = RelayCompletion(
+        prompt=[1], tokens=[5, 6], text="ab", finish_reason="length", seed=4,
+        prompt_tokens=1, completion_tokens=1, resumed_tokens=1,
+    )  # fmt: skip
+    relay.deliver(
+        "l-2",
+        [
+            RelayEvent(id=moved.id, kind="started"),
+            RelayEvent(id=moved.id, kind="token", token=6, text="b", finish_reason="length"),
+            RelayEvent(id=moved.id, kind="done", completion=completion),
+            RelayEvent(id="r1", kind="token", token=9),  # the lost replica's: dropped
+        ],
+    )
+    assert rest.result(timeout=2) == [Event(6, "b", "length")]
+    usage = generation.result().usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.resumed_tokens) == (1, 2, 1)
+
+
+def test_a_replica_silent_for_lost_s_loses_its_requests_and_an_ended_output_is_not_resumed_whole(
+    loop, caller
+):
+    now = [0.0]
+    relay = Relay(clock=lambda: now[0])
+    poll(loop, relay, "l-1", 0).result(timeout=2)
+    submitted = caller.submit(relay.submit, "d-1", request(1), SamplingParams(seed=4), {"l-1"})
+    time.sleep(0.1)
+    poll(loop, relay, "l-1", 0).result(timeout=2)
+    relay.deliver("l-1", [RelayEvent(id="r1", kind="started")])
+    generation = submitted.result(timeout=2)
+    relay.deliver("l-1", [RelayEvent(id="r1", kind="token", token=5, text="a", finish_reason="stop")])
+    reading = caller.submit(list, generation)
+    poll(loop, relay, "l-2", 0).result(timeout=2)
+    generation.leases = frozenset(LIVE)
+    now[0] = LOST_S + 0.1  # l-1 polls no more; l-2 did just now
+    poll(loop, relay, "l-2", 0).result(timeout=2)
+    time.sleep(1.2)  # the reader looks every CHECK_S
+    (moved,) = poll(loop, relay, "l-2", 0).result(timeout=2).requests
+    assert moved.resume == []  # its one token ended the output: drawn again, not sent twice
+    completion = RelayCompletion(
+        prompt=[1], tokens=[5], text="a", finish_reason="stop", seed=4,
+        prompt_tokens=1, completion_tokens=1,
+    )  # fmt: skip
+    relay.deliver(
+        "l-2",
+        [
+            RelayEvent(id=moved.id, kind="started"),
+            RelayEvent(id=moved.id, kind="token", token=5, text="a", finish_reason="stop"),
+            RelayEvent(id=moved.id, kind="done", completion=completion),
+        ],
+    )
+    assert reading.result(timeout=2) == [Event(5, "a", "stop")]
+    assert generation.result().usage.completion_tokens == 1
+    assert poll(loop, relay, "l-1", 0).result(timeout=2).cancel == ["r1"]  # should it come back
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()

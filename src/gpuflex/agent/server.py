@@ -123,6 +123,7 @@ class Replica:
                 ),
                 params,
                 fill=request.fill,
+                resume=request.resume,
             )
         except GPUFlexError as err:
             self._outbox.put(_error(request.id, err))

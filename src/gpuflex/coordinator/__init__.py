@@ -9,6 +9,7 @@
 - ``auth``        request authentication: API tokens, node signatures, task tokens, deployment keys
 - ``gateway``     the OpenAI routes' backend over deployments (``routes/openai.py`` mounted under /v1)
 - ``relay``       this process's line to the deployment replicas connected to it: requests down, events up
+- ``broker``      relays of several coordinator processes joined through PostgreSQL LISTEN/NOTIFY
 - ``app``         the app factory, error handlers, body-size limits and the background reaper
 - ``heartbeats``  group commit of heartbeats: one writer thread, one transaction per batch
 - ``metrics``     Prometheus metrics (one registry per app) and the request-latency middleware

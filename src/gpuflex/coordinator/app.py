@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex import __version__
-from gpuflex.coordinator import gateway, web
+from gpuflex.coordinator import broker, gateway, web
 from gpuflex.coordinator.auth import anonymous_call, gateway_caller
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
@@ -191,6 +191,8 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         ctx = CoordinatorContext(settings, engine, make_sessionmaker(engine), blob_store(settings))
 
     metrics = CoordinatorMetrics(ctx)
+    relay_ = Relay()
+    relay_.broker = broker.for_database(ctx.settings.sqlalchemy_url, relay_)
     heartbeats, lease_granter = HeartbeatWriter(ctx, metrics), LeaseGranter(ctx, metrics)
 
     @asynccontextmanager
@@ -200,6 +202,8 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         ctx.node_keys.update(await run_in_threadpool(_public_keys, ctx))
         heartbeats.start()
         lease_granter.start()
+        if relay_.broker is not None:
+            await run_in_threadpool(relay_.broker.start)
         task = asyncio.create_task(_reaper(ctx, metrics))
         yield
         task.cancel()
@@ -207,6 +211,8 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
             await task
         await run_in_threadpool(heartbeats.stop)
         await run_in_threadpool(lease_granter.stop)
+        if relay_.broker is not None:
+            await run_in_threadpool(relay_.broker.stop)
         ctx.engine.dispose()
 
     app = FastAPI(title="GPUFlex coordinator", version=__version__, lifespan=lifespan)
@@ -214,7 +220,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     app.state.metrics = metrics
     app.state.heartbeats = heartbeats
     app.state.lease_granter = lease_granter
-    app.state.relay = Relay()
+    app.state.relay = relay_
     app.state.rate_limits = RateLimits(
         rate_per_s=ctx.settings.rate_limit_per_s,
         burst=ctx.settings.rate_limit_burst,

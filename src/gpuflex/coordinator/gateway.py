@@ -48,6 +48,7 @@ class GatewayBackend:
         return _card(deployment)
 
     def submit(self, model: str, prompt: Prompt, params: SamplingParams, *, fill: bool = False) -> Generation:
+        params = params.seeded()  # chosen here: a request moved off a lost replica goes on with it
         request = RelayRequest(
             id=secrets.token_hex(12),
             prompt=RelayPrompt(

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import queue
+import secrets
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
-from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,25 +31,51 @@ from gpuflex.protocol.relay import RelayCompletion, RelayEvent, RelayRequest, Re
 from gpuflex.serve.engine import Cancelled, Completion, Event, Usage
 from gpuflex.serve.sampling import SamplingParams
 
+if TYPE_CHECKING:
+    from gpuflex.coordinator.broker import Broker
+
 STALE_S = 5.0  # a replica that has not polled for this long takes no new request
+LOST_S = 3.0  # a replica with no poll waiting for this long is lost: its requests move to another
+CHECK_S = 0.5  # how often a request waiting for its replica's events checks the replica is there
+MAX_FAILOVERS = 3  # a request lost on this many replicas fails
+REMOTE = "@"  # a request's lease id, prefixed: its replica is held by another coordinator process
 START_S = 30.0  # a replica says whether it took a request (encoded, it fits) within this
 SILENCE_S = 60.0  # a request whose replica sends nothing for this long fails
 WINDOW_S = 60.0  # ``stats`` covers the requests served this long ago at most
 
 
 class RemoteGeneration:
-    """A request being served by a replica: its events as they come, then its completion."""
+    """A request being served by a replica: its events as they come, then its completion.
 
-    def __init__(self, deployment_id: str, params: SamplingParams, cancel: Callable[[], None], now: float):
-        self.deployment_id, self.params = deployment_id, params
+    When its replica is lost (``Relay`` says so: its poll's connection dropped, or no poll for
+    ``LOST_S``), the request moves to another live replica of the deployment with the output tokens read
+    so far as ``resume`` (same seed): the reader sees one uninterrupted stream, exactly the tokens an
+    uninterrupted run gives, and one completion that counts every output token once."""
+
+    def __init__(
+        self,
+        relay: Relay,
+        deployment_id: str,
+        request: RelayRequest,
+        params: SamplingParams,
+        leases: Collection[str],
+        now: float,
+    ):
+        self.deployment_id, self.request, self.params = deployment_id, request, params
+        self.leases = frozenset(leases)
+        self.lease_id = ""  # the replica serving it now (``Relay._place``)
+        self.lost: set[str] = set()  # replicas it was lost on
         self.submitted_at, self.first_token_at = now, None  # when the relay heard of them
         self.completion: Completion | None = None
         self.on_done: Callable[[Completion], None] = lambda _: None  # the gateway counts usage here
-        self._events: queue.SimpleQueue[RelayEvent | None] = queue.SimpleQueue()  # None: cancelled
-        self._cancel = cancel
+        self._relay = relay
+        self._events: queue.SimpleQueue[RelayEvent | tuple[str, str] | None] = queue.SimpleQueue()
+        self._tokens: list[int] = []  # the output tokens read so far
+        self._finished = False  # the last one read ended the output
+        self._skip = 0  # token events of this replica that repeat ones read from a lost replica
         self._ended = False
 
-    def put(self, event: RelayEvent) -> None:
+    def put(self, event: RelayEvent | tuple[str, str]) -> None:
         self._events.put(event)
 
     def wait_started(self) -> None:
@@ -73,18 +99,36 @@ class RemoteGeneration:
         """Stop it on the replica (its client went away); a reader waiting for it gets ``Cancelled``."""
         if not self._ended:
             self._ended = True
-            self._cancel()
+            self._relay._cancel(self.lease_id, self.request.id)
             self._events.put(None)
 
     def _next(self, timeout: float, what: str) -> Event | None:
         """The next token's event; None for ``started`` and at the end (the completion kept)."""
-        try:
-            item = self._events.get(timeout=timeout)
-        except queue.Empty:
-            self.cancel()
-            raise ServiceError(f"the replica sent nothing for {timeout:.0f} s, waiting for {what}") from None
-        if item is None:
-            raise Cancelled("the request was cancelled")
+        waited = 0.0
+        while True:
+            try:
+                item = self._events.get(timeout=CHECK_S)
+            except queue.Empty:
+                waited += CHECK_S
+                if not self._relay.alive(self.lease_id):
+                    self._failover()
+                    waited = 0.0
+                elif waited >= timeout:
+                    self.cancel()
+                    raise ServiceError(
+                        f"the replica sent nothing for {timeout:.0f} s, waiting for {what}"
+                    ) from None
+                continue
+            if item is None:
+                raise Cancelled("the request was cancelled")
+            if isinstance(item, tuple):  # ("lost", request id): its replica is gone
+                if item[1] == self.request.id:
+                    self._failover()
+                    waited = 0.0
+                continue
+            return self._read(item)
+
+    def _read(self, item: RelayEvent) -> Event | None:
         if item.kind == "error":
             self._ended = True
             raise from_status(item.status or 500, item.message)
@@ -96,18 +140,41 @@ class RemoteGeneration:
             return None
         if item.kind == "token":
             assert item.token is not None, "a token event carries its token"
+            if self._skip:  # drawn again after a lost replica's last token: read already
+                self._skip -= 1
+                return None
+            self._tokens.append(item.token)
+            self._finished = item.finish_reason is not None
             return Event(item.token, item.text, item.finish_reason)
         return None
 
+    def _failover(self) -> None:
+        """Go on on another live replica from the tokens read (the last one drawn again if it ended the
+        output: a resumed output must not have ended); ``ServiceError`` when none is left."""
+        self.lost.add(self.lease_id)
+        if len(self.lost) > MAX_FAILOVERS:
+            self._ended = True
+            raise ServiceError(f"the request lost {len(self.lost)} replicas: giving up")
+        resume = self._tokens[:-1] if self._finished else list(self._tokens)
+        self._skip = len(self._tokens) - len(resume)
+        self.request = self.request.model_copy(update={"id": secrets.token_hex(12), "resume": resume})
+        try:
+            self._relay._place(self)
+        except ServiceError:
+            self._ended = True
+            raise
+
 
 def _completion(done: RelayCompletion, params: SamplingParams) -> Completion:
+    """The client's completion: its output tokens are all counted, the resumed ones too (a lost replica
+    drew them, and nobody billed them: it never ended the request)."""
     return Completion(
         prompt=tuple(done.prompt),
         tokens=tuple(done.tokens),
         text=done.text,
         finish_reason=done.finish_reason,
         params=replace(params, seed=done.seed),
-        usage=Usage(done.prompt_tokens, done.completion_tokens, done.resumed_tokens),
+        usage=Usage(done.prompt_tokens, done.completion_tokens + done.resumed_tokens, done.resumed_tokens),
         fingerprints=tuple(base64.b64decode(f) for f in done.fingerprints),
     )
 
@@ -141,9 +208,10 @@ class _Replica:
     token_hash: str = ""  # its task token's, checked against the database on each poll
     polls: int = 0  # polls waiting now
     seen: float = 0.0  # when its last poll ended (monotonic)
+    lost: bool = False  # its requests moved on (``Relay._lose``) and it has not polled since
 
     def connected(self, now: float) -> bool:
-        return self.polls > 0 or now - self.seen < STALE_S
+        return self.polls > 0 or (not self.lost and now - self.seen < STALE_S)
 
     def take(self) -> RelayWork:
         work = RelayWork(requests=self.requests, cancel=self.cancels)
@@ -158,32 +226,72 @@ class Relay:
     """The replicas connected to this process, by lease id."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.broker: Broker | None = None  # with other coordinator processes (``coordinator.broker``)
         self._clock = clock
         self._lock = threading.Lock()
         self._replicas: dict[str, _Replica] = {}
         self._served: dict[str, deque[Served]] = defaultdict(deque)  # by deployment, oldest first
 
-    async def poll(self, lease_id: str, token_hash: str, wait_s: float) -> RelayWork:
+    async def poll(
+        self, lease_id: str, token_hash: str, wait_s: float, gone: Awaitable[None] | None = None
+    ) -> RelayWork:
         """The work waiting for the replica of ``lease_id`` (whose task token, hashed, the caller checked),
-        as soon as there is some or after ``wait_s``."""
+        as soon as there is some or after ``wait_s``. ``gone`` ends when the poll's connection drops:
+        the replica is lost (killed, or its machine gone), and its requests move to another at once."""
         with self._lock:
             replica = self._replicas.get(lease_id)
             if replica is None:
                 replica = _Replica(asyncio.get_running_loop(), token_hash=token_hash)
                 self._replicas[lease_id] = replica
+            replica.lost = False
+            if self.broker is not None:
+                self.broker.announce(lease_id)
             if replica.requests or replica.cancels:
                 return replica.take()
             replica.wake.clear()  # on the loop, as notify's set is: no wake-up falls between
             replica.polls += 1
+        woken = asyncio.ensure_future(replica.wake.wait())
+        dropped = asyncio.ensure_future(gone if gone is not None else asyncio.Event().wait())
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(replica.wake.wait(), wait_s)
+            await asyncio.wait({woken, dropped}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            woken.cancel()
+            dropped.cancel()
             with self._lock:
                 replica.polls -= 1
                 replica.seen = self._clock()
         with self._lock:
+            if dropped.done() and not dropped.cancelled():
+                if not replica.polls:
+                    self._lose(replica)
+                return RelayWork()
             return replica.take()
+
+    def alive(self, lease_id: str) -> bool:
+        """Whether the replica of ``lease_id`` still serves; one with no poll waiting for ``LOST_S`` is
+        lost (``_lose``), and so is one this process no longer knows."""
+        if lease_id.startswith(REMOTE):
+            return True  # served through the broker: its holder says when it is lost
+        with self._lock:
+            replica = self._replicas.get(lease_id)
+            if replica is None or replica.lost:
+                return False
+            if replica.polls == 0 and self._clock() - replica.seen > LOST_S:
+                self._lose(replica)
+                return False
+            return True
+
+    def _lose(self, replica: _Replica) -> None:
+        """(Under the lock.) Its requests move to other replicas (each reader is told), and are cancelled
+        on it, should it poll again."""
+        replica.lost = True
+        queued = {r.id for r in replica.requests}  # not taken by it yet
+        replica.requests = []
+        for request_id, generation in replica.open.items():
+            generation.put(("lost", request_id))
+            if request_id not in queued:
+                replica.cancels.append(request_id)
+        replica.open.clear()
 
     def lease_of(self, token_hash: str) -> str | None:
         """The lease of the connected replica whose task token this is (its polls checked it against the
@@ -222,25 +330,42 @@ class Relay:
     ) -> RemoteGeneration:
         """Hand ``request`` to the connected replica of the deployment with the fewest requests open, among
         those of live ``leases``, and wait until it took it; raises what it refused the request with."""
+        generation = RemoteGeneration(self, deployment_id, request, params, leases, self._clock())
+        self._place(generation)
+        generation.wait_started()
+        return generation
+
+    def _place(self, generation: RemoteGeneration) -> None:
+        """Queue the generation's request on the live replica with the fewest requests open, among its
+        leases' and not one it was lost on; ``ServiceError`` when there is none."""
         with self._lock:
             now = self._clock()
             for lease_id in [k for k, r in self._replicas.items() if now - r.seen > 10 * SILENCE_S]:
                 if not self._replicas[lease_id].polls:
                     del self._replicas[lease_id]  # a replica long gone
-            live = [(k, r) for k, r in self._replicas.items() if k in leases and r.connected(now)]
+            live = [
+                (k, r)
+                for k, r in self._replicas.items()
+                if k in generation.leases and k not in generation.lost and r.connected(now)
+            ]
+            if not live and self.broker is not None:
+                held = self.broker.holder(generation.leases - generation.lost)
+                if held is not None:  # another coordinator process holds its replica
+                    generation.lease_id = REMOTE + held
+                    self.broker.submit(generation, held)
+                    return
             if not live:
+                lost = " any more (its replica was lost)" if generation.lost else " yet"
                 raise ServiceError(
-                    f"deployment {deployment_id} has no replica serving yet: one is being placed or is "
-                    "loading the model; try again shortly (`gpuflex deployment show` says where they are)"
+                    f"deployment {generation.deployment_id} has no replica serving{lost}: one is being "
+                    "placed or is loading the model; try again shortly (`gpuflex deployment show` says "
+                    "where they are)"
                 )
             lease_id, replica = min(live, key=lambda item: len(item[1].open))
-            cancel = partial(self._cancel, lease_id, request.id)
-            generation = RemoteGeneration(deployment_id, params, cancel, now)
-            replica.open[request.id] = generation
-            replica.requests.append(request)
+            generation.lease_id = lease_id
+            replica.open[generation.request.id] = generation
+            replica.requests.append(generation.request)
             replica.notify()
-        generation.wait_started()
-        return generation
 
     def stats(self, deployment_id: str) -> Stats:
         """Requests and tokens per second served over the last ``WINDOW_S``, and the times to first token
@@ -261,6 +386,10 @@ class Relay:
             )
 
     def _cancel(self, lease_id: str, request_id: str) -> None:
+        if lease_id.startswith(REMOTE):
+            assert self.broker is not None, "only the broker's requests are remote"
+            self.broker.cancel(lease_id.removeprefix(REMOTE), request_id)
+            return
         with self._lock:
             replica = self._replicas.get(lease_id)
             if replica is not None and replica.open.pop(request_id, None) is not None:

@@ -43,6 +43,10 @@ class RelayRequest(Message):
     prompt: RelayPrompt
     params: RelayParams
     fill: bool = Field(False, description="the output may take the rest of the context (max_tokens unused)")
+    resume: list[int] = Field(
+        default_factory=list,
+        description="output tokens a lost replica already sent: continue after them (same seed)",
+    )
 
 
 class RelayWork(Message):

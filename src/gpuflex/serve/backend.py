@@ -18,7 +18,7 @@ rest (an empty prompt, one too long for the context, a token id outside the voca
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -89,7 +89,17 @@ class LocalBackend:
             raise NotFound(f"the model {name!r} does not exist: this server serves {self.card.name!r}")
         return self.card
 
-    def submit(self, model: str, prompt: Prompt, params: SamplingParams, *, fill: bool = False) -> Generation:
+    def submit(
+        self,
+        model: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        fill: bool = False,
+        resume: Sequence[int] = (),
+    ) -> Generation:
+        """As ``Backend.submit``; ``resume``: output tokens another server already sent, continued after
+        (``Engine.submit``)."""
         card = self.model(model)
         ids = _leaves_room(self._encode(prompt), card)
         if fill:
@@ -99,7 +109,7 @@ class LocalBackend:
                 f"the prompt's {len(ids)} tokens plus max_tokens {params.max_tokens} exceed this model's "
                 f"context of {card.context} tokens"
             )
-        return self.engine.submit(ids, params)
+        return self.engine.submit(ids, params, resume)
 
     def _encode(self, prompt: Prompt) -> list[int]:
         if prompt.messages is not None:

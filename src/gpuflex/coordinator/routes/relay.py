@@ -31,10 +31,17 @@ ServerLease = Annotated[Lease, Depends(server_lease)]
 async def poll(
     request: Request, lease: ServerLease, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 20.0
 ) -> RelayWork:
-    """The requests to serve and to cancel, as soon as there are some or after ``wait`` seconds."""
+    """The requests to serve and to cancel, as soon as there are some or after ``wait`` seconds. A poll
+    whose connection drops loses the replica: its requests move to another replica at once."""
     token = bearer(request)
     assert token is not None, "the lease was authenticated by its token"
-    return await request.app.state.relay.poll(lease.id, token_hash(token), wait)
+    return await request.app.state.relay.poll(lease.id, token_hash(token), wait, _dropped(request))
+
+
+async def _dropped(request: Request) -> None:
+    """Ends when the poll's connection drops (the replica killed, or its machine gone)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def polling_replica(request: Request) -> str:

@@ -28,6 +28,8 @@ batch, and joining a batch under way are equal).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -292,7 +294,7 @@ class _Running:
             input_ids=torch.tensor(tokens, device=self.served.device)[:, None],
             attention_mask=self.mask,
             position_ids=self.position,
-            cache=self.cache,
+            **{_cache_keyword(type(self.served.model)): self.cache},
             use_cache=True,
             output_hidden_states=True,
         )
@@ -300,6 +302,14 @@ class _Running:
         for row, request in enumerate(self.requests):
             request._fingerprinter.add(out.hidden_states[-1][row, -1])
         _prove_full(self.requests)
+
+
+@functools.cache
+def _cache_keyword(model_type: type) -> str:
+    """The name ``forward`` takes the KV cache by: transformers 5.2x renamed ``past_key_values`` to
+    ``cache``, and the releases before it swallow an unknown ``cache`` into ``**kwargs``, decoding every
+    token with no context (garbage that the verifier rightly convicts)."""
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -327,7 +337,7 @@ def _prefill(served: ServedModel, batch: list[Request]):
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
-        cache=cache,
+        **{_cache_keyword(type(served.model)): cache},
         use_cache=True,
         output_hidden_states=True,
         logits_to_keep=1,

@@ -3,19 +3,23 @@
 the relay open from its side; the official `openai` client then chats (streamed and not) and completes
 with a deployment key, whose usage `deployment show` counts; a wrong key, another deployment's key, an
 unknown model and a prompt past the context are each an OpenAI error object, and none is counted; when
-the replica's node is killed (`kill -9`), the replica is placed again on the node left and serves."""
+the replica's node is killed (`kill -9`), the replica is placed again on the node left and serves. With
+`--audit-rate 1` a core node re-checks every request: a provider serving an int8 copy of the model is
+convicted, slashed, barred and its replica placed again, while the honest one passes every audit."""
 
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 from typer.testing import CliRunner
 
+from gpuflex.auth.signing import NodeKey
 from gpuflex.cli.main import app
-from gpuflex.client import Client
-from gpuflex.localnet import LocalNetwork
+from gpuflex.client import Client, NodeClient
+from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.testing import save_llama, wait_for
 
 from .test_finetune import client_token
@@ -107,3 +111,73 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         assert {o.node_id: o.name for o in client.offers()}[task.node_id] == "c1"
         stopped = client.stop_deployment(deployment)
         assert client.balance().balance == pytest.approx(5 - stopped.spent)
+
+
+def test_a_core_node_audits_outputs_and_a_cheating_replica_is_slashed_barred_and_replaced(tmp_path):
+    # init_std 0.1: layers that matter to the hidden states, as a trained model's (tests/serve/conftest.py)
+    corpus = ["alpha beta gamma delta epsilon zeta eta theta. " * 60]
+    model_dir = save_llama(tmp_path / "m", corpus, hidden=64, context=256, init_std=0.1)
+    with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
+        url = net.start_coordinator()
+        net.start_agent("core", price=0.1, core=True, extra=["--core-token", CORE_TOKEN])
+        net.start_agent("honest", price=0.2)
+        net.start_agent("cheat", price=0.2, extra=["--adversary", "serve-int8"])
+        client = Client(url, Client(url).create_account("it").token)
+        client.deposit(5)
+        wait_for(lambda: len(client.offers()) == 3, 60, "three nodes to register")
+        names = {o.name: o.node_id for o in client.offers()}
+        cheater = NodeClient(url, NodeKey.load_or_create(tmp_path / "net" / "agents" / "cheat" / "node.key"))
+        cheater.stake(2.0)
+        who = ["--url", url, "--token", client_token(client)]
+        args = ["--replicas", "2", "--audit-rate", "1", "--max-price", "0.5", "--budget", "2"]
+        out = _cli("deploy", "--model", str(model_dir), *args, *who)
+        deployment = re.search(r"deployed (d-[0-9a-f]+)", out)[1]
+        key = re.search(r"gfxkey_[\w-]+", _cli("deployment", "key", "create", deployment, *who))[0]
+        gateway = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+        wait_for(lambda: client.deployment(deployment).live_replicas == 2, 120, "both replicas to be leased")
+        placed = {t.node_id for t in client.deployment(deployment).tasks}
+        assert placed == {names["honest"], names["cheat"]}  # community first: the core node only audits
+
+        def ask(i: int) -> int:
+            words = " ".join(corpus[0].split()[i : i + 6])
+            said = gateway.chat.completions.create(
+                model=deployment, messages=[{"role": "user", "content": words}], max_tokens=40, seed=i
+            )
+            return said.usage.completion_tokens
+
+        wait_for(lambda: _served(gateway, deployment), 120, "the replicas to serve")
+        with ThreadPoolExecutor(4) as pool:  # concurrent: the gateway spreads them over both replicas
+            assert all(n >= 1 for n in pool.map(ask, range(8)))
+
+        def convicted() -> bool:
+            return any(v.guilty for v in client.deployment(deployment).verdicts)
+
+        wait_for(convicted, 120, "the core node to convict the cheater")
+        shown = client.deployment(deployment)
+        (verdict,) = shown.verdicts
+        assert (verdict.node_id, verdict.check, verdict.slashed) == (names["cheat"], "inference-audit", 1.0)
+        assert verdict.evidence["auditor"] == names["core"]
+        assert cheater.wallet().stake == pytest.approx(1.0)
+        # every request was audited once, and billed to the key once (8 and the probes that answered)
+        wait_for(lambda: client.deployment(deployment).audits.pending == 0, 120, "every audit to be judged")
+        shown = client.deployment(deployment)
+        assert shown.audits.failed >= 1 and shown.audits.passed >= 1
+        (billed,) = [k.requests for k in shown.keys]
+        assert billed >= 9 and shown.audits.passed + shown.audits.failed == billed
+        assert not any(v.node_id == names["honest"] for v in shown.verdicts)  # no false positive
+
+        # the cheater's replica is placed again, on the node left (the core node), and serves
+        def replaced() -> bool:
+            tasks = client.deployment(deployment).tasks
+            return sorted(t.node_id for t in tasks if t.state == "leased") == sorted(
+                [names["honest"], names["core"]]
+            )
+
+        wait_for(replaced, 60, "the cheater's replica to be placed again")
+        wait_for(
+            lambda: client.deployment(deployment).live_replicas == 2, 120, "the new replica to be leased"
+        )
+        with ThreadPoolExecutor(4) as pool:
+            assert all(n >= 1 for n in pool.map(ask, range(4)))
+        shown_cli = _cli("deployment", "show", deployment, *who)
+        assert "inference-audit" in shown_cli and "guilty" in shown_cli and names["cheat"] in shown_cli

@@ -153,6 +153,8 @@ def _peer_audit_view(row: PeerAudit) -> m.PeerAudit:
 
 def record(session: Session, lease: Lease, msg: m.VerdictSubmit, now: float) -> m.Verdict:
     """Record the aggregator's verdict on a contribution of its job, and carry out what it entails."""
+    if msg.check == "inference-audit":
+        raise BadRequest("inference-audit verdicts come from a deployment's auditors, not an aggregator")
     job = _aggregated_by(session, lease)
     existing = session.scalars(
         select(Verdict).where(
@@ -209,19 +211,36 @@ def _aggregated_by(session: Session, lease: Lease) -> Job:
 def _convict(
     session: Session, job: Job, contribution: Contribution, node: Node, verdict: Verdict, now: float
 ) -> None:
-    """Discard the contribution, slash and withhold, count the failure, and bar the node from the job."""
+    """Discard the contribution, then ``convict`` its node."""
     amount = to_micro(specs.of(job).training.verification.slash)
-    evidence = f"{verdict.check} verdict on round {verdict.round} of job {job.id}: {verdict.reason}"
-    slash = stakes.slash(session, node.id, amount, evidence, now, job_id=job.id)
+    session.delete(contribution)
+    convict(session, job, contribution.task_id, node, verdict, amount, f"round {verdict.round}", now)
+
+
+def convict(
+    session: Session,
+    job: Job,
+    task_id: str,
+    node: Node,
+    verdict: Verdict,
+    amount_micro: int,
+    what: str,
+    now: float,
+) -> None:
+    """Slash ``node`` for ``verdict`` (its held pay withheld), count the failure, and bar it from the job:
+    its lease on ``task_id`` ends and the task is placed again elsewhere. ``what``: the work judged, in
+    words (``round 3``, ``audit 12``). Training's verdicts and a deployment's inference audits share it."""
+    noun = "deployment" if job.kind == "deployment" else "job"
+    evidence = f"{verdict.check} verdict on {what} of {noun} {job.id}: {verdict.reason}"
+    slash = stakes.slash(session, node.id, amount_micro, evidence, now, job_id=job.id)
     verdict.slashed_micro, verdict.withheld_micro = slash.amount_micro, slash.withheld_micro
     node.audits_failed += 1
-    session.delete(contribution)
     message = (
-        f"verdict: {node.name} ({node.id}) guilty ({verdict.check}, round {verdict.round}): "
-        f"{verdict.reason}; slashed {to_credits(slash.amount_micro):.6f} credits; barred from the job"
+        f"verdict: {node.name} ({node.id}) guilty ({verdict.check}, {what}): "
+        f"{verdict.reason}; slashed {to_credits(slash.amount_micro):.6f} credits; barred from the {noun}"
     )
     session.add(JobEvent(job_id=job.id, at=now, message=message))
-    leases.end_by_verdict(session, contribution.task_id, node.id, now)
+    leases.end_by_verdict(session, task_id, node.id, now)
 
 
 def for_job(session: Session, job: Job) -> list[m.Verdict]:

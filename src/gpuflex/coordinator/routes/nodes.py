@@ -2,8 +2,9 @@
 
 import asyncio
 import logging
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex.auth.signing import HEADER_NODE, node_id_for
@@ -93,7 +94,9 @@ def claim_inference_audits(body: m.InferenceAuditClaim, node: SignedNode, ctx: C
 
 
 @router.post("/inference-audits/{audit_id}/finding")
-def inference_finding(audit_id: int, body: m.InferenceFinding, node: SignedNode, ctx: Ctx) -> dict[str, str]:
+def inference_finding(
+    audit_id: Annotated[int, Path(ge=1, le=m.INT32_MAX)], body: m.InferenceFinding, node: SignedNode, ctx: Ctx
+) -> dict[str, str]:
     """The auditor's finding on an audit it claimed: a failed one convicts the provider."""
     with ctx.tx() as s:
         inference_audits.judge(s, s.get(Node, node.id), audit_id, body, ctx.now())

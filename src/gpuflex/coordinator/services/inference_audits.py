@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import InferenceAudit, Job, Lease, Node, Task, Verdict
-from gpuflex.coordinator.services import registry, specs, verification
+from gpuflex.coordinator.services import specs, verification
 from gpuflex.coordinator.services.deployments import KIND, ROLE
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.errors import Conflict, Forbidden, NotFound
@@ -92,7 +92,8 @@ def claim(session: Session, node: Node, limit: int, now: float) -> m.InferenceAu
         Job.state.in_(OPEN_JOB_STATES),
     ]
     if node.kind != "core":
-        if any(n.kind == "core" for n in registry.online(session)):
+        core_online = select(Node.id).where(Node.state == "online", Node.kind == "core").limit(1)
+        if session.scalars(core_online).first() is not None:
             return m.InferenceAuditList(audits=[])
         serving = select(Lease.job_id).join(Task, Task.id == Lease.task_id)
         serving = serving.where(Lease.node_id == node.id, Lease.state == "active", Task.role == ROLE)

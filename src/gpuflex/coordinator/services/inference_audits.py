@@ -23,7 +23,6 @@ request's key: an audit is the network's cost, not the caller's.
 from __future__ import annotations
 
 import base64
-import secrets
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -40,19 +39,12 @@ from gpuflex.serve.engine import Completion
 CHECK = "inference-audit"
 CLAIM_S = 300.0  # a claimed audit not judged within this goes to the next auditor
 MAX_CLAIM = 16  # audits one claim hands out
-_RATE_RESOLUTION = 1_000_000  # audit_rate is drawn against in millionths
-_EVIDENCE_ITEMS = 32  # what protocol.messages.Evidence holds at most
-
-
-def drawn(audit_rate: float) -> bool:
-    """Whether a served request is audited: with probability ``audit_rate``, from a CSPRNG."""
-    return secrets.randbelow(_RATE_RESOLUTION) < round(audit_rate * _RATE_RESOLUTION)
 
 
 def sample(session: Session, deployment_id: str, lease_id: str, done: Completion, now: float) -> bool:
     """Record an audit of the request ``lease_id`` served, if it is drawn; True when it was."""
     deployment = session.get(Job, deployment_id)
-    if deployment is None or not drawn(specs.deployment(deployment).audit_rate):
+    if deployment is None or not verification.drawn(specs.deployment(deployment).audit_rate):
         return False
     lease = session.get(Lease, lease_id)
     if lease is None or done.usage.resumed_tokens or session.get(Node, lease.node_id).kind == "core":
@@ -151,7 +143,7 @@ def judge(session: Session, auditor: Node, audit_id: int, finding: m.InferenceFi
     if session.scalars(convicted).first() is not None:
         return  # one verdict a node and deployment: barred already
     deployment = session.get(Job, row.job_id, with_for_update=True)
-    evidence = dict(list(finding.numbers.items())[: _EVIDENCE_ITEMS - 2])
+    evidence = dict(list(finding.numbers.items())[: verification.EVIDENCE_ITEMS - 2])
     evidence |= {"audit": row.id, "auditor": auditor.id}
     verdict = Verdict(
         job_id=row.job_id,

@@ -35,7 +35,7 @@ from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.storage import BlobStore
 
 _RATE_RESOLUTION = 1_000_000  # audit_rate is drawn against in millionths
-_EVIDENCE_ITEMS = 32  # what protocol.messages.Evidence holds at most
+EVIDENCE_ITEMS = 32  # what protocol.messages.Evidence holds at most
 
 
 def draw_audit(audit_rate: float, commitment: m.Commitment | None) -> int | None:
@@ -43,11 +43,14 @@ def draw_audit(audit_rate: float, commitment: m.Commitment | None) -> int | None
 
     No commitment (or an empty trace) leaves nothing to audit.
     """
-    if commitment is None or not commitment.trace:
-        return None
-    if secrets.randbelow(_RATE_RESOLUTION) >= round(audit_rate * _RATE_RESOLUTION):
+    if commitment is None or not commitment.trace or not drawn(audit_rate):
         return None
     return secrets.randbelow(len(commitment.trace))
+
+
+def drawn(audit_rate: float) -> bool:
+    """True with probability ``audit_rate``, from a CSPRNG (a contribution's audit, a served request's)."""
+    return secrets.randbelow(_RATE_RESOLUTION) < round(audit_rate * _RATE_RESOLUTION)
 
 
 def submit_audit_state(session: Session, lease: Lease, msg: m.AuditStateSubmit, blobs: BlobStore) -> None:
@@ -175,7 +178,7 @@ def record(session: Session, lease: Lease, msg: m.VerdictSubmit, now: float) -> 
         raise Conflict(f"the contribution of {msg.task_id} to round {msg.round} is no longer {judged}")
     node = session.get(Node, contribution.node_id, with_for_update=True)
     evidence = dict(msg.evidence)
-    if len(evidence) < _EVIDENCE_ITEMS:
+    if len(evidence) < EVIDENCE_ITEMS:
         evidence.setdefault("delta", contribution.delta)  # what was judged, by its hash
     verdict = Verdict(
         job_id=job.id,

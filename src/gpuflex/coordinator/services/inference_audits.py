@@ -38,7 +38,6 @@ from gpuflex.serve.engine import Completion
 
 CHECK = "inference-audit"
 CLAIM_S = 300.0  # a claimed audit not judged within this goes to the next auditor
-MAX_CLAIM = 16  # audits one claim hands out
 
 
 def sample(session: Session, deployment_id: str, lease_id: str, done: Completion, now: float) -> bool:
@@ -74,7 +73,8 @@ def sample(session: Session, deployment_id: str, lease_id: str, done: Completion
 
 
 def claim(session: Session, node: Node, limit: int, now: float) -> m.InferenceAuditList:
-    """Hand ``node`` up to ``limit`` pending audits it may judge (see the module's rules), oldest first."""
+    """Hand ``node`` up to ``limit`` pending audits it may judge (see the module's rules), oldest first
+    (``InferenceAuditClaim`` bounds ``limit``)."""
     scope = [
         InferenceAudit.state == "pending",
         InferenceAudit.node_id != node.id,
@@ -95,7 +95,7 @@ def claim(session: Session, node: Node, limit: int, now: float) -> m.InferenceAu
         .join(Job, Job.id == InferenceAudit.job_id)
         .where(*scope, Job.kind == KIND)
         .order_by(InferenceAudit.id)
-        .limit(min(limit, MAX_CLAIM))
+        .limit(limit)
         .with_for_update(skip_locked=True, of=InferenceAudit)
     )
     rows = list(session.scalars(query))

@@ -223,6 +223,8 @@ def test_verdicts_are_for_the_jobs_aggregator_and_its_owner_only(coordinator):
         net.agg.report_verdict(finding.model_copy(update={"round": 5}))
     with pytest.raises(Conflict, match="no longer"):
         net.agg.report_verdict(finding.model_copy(update={"evidence": {"delta": "00" * 32}}))
+    with pytest.raises(BadRequest, match="deployment's auditors"):  # not an aggregator's to pass
+        net.agg.report_verdict(finding.model_copy(update={"check": "inference-audit"}))
     net.agg.report_verdict(finding.model_copy(update={"guilty": False, "check": "audit"}))
     with pytest.raises(Conflict, match="already stands"):
         net.agg.report_verdict(finding.model_copy(update={"check": "audit"}))

@@ -2,8 +2,11 @@
 --model DIR` uploads a saved llama, a community agent leases its replica, loads it from its cache and holds
 the relay open from its side; the official `openai` client then chats (streamed and not) and completes
 with a deployment key, whose usage `deployment show` counts; a wrong key, another deployment's key, an
-unknown model and a prompt past the context are each an OpenAI error object, and none is counted; when
-the replica's node is killed (`kill -9`), the replica is placed again on the node left and serves."""
+unknown model and a prompt past the context are each an OpenAI error object, and none is counted. With
+`--audit-rate 1` the core node re-checks every request the community replica served, and passes them
+all. When the replica's node is killed (`kill -9`), the replica is placed again on the community node
+left, which serves an int8 copy of the model (`--adversary serve-int8`): the core node's audit convicts
+it, it is slashed and barred, and the replica is placed again, on the core node, and serves."""
 
 from __future__ import annotations
 
@@ -13,9 +16,10 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
+from gpuflex.auth.signing import NodeKey
 from gpuflex.cli.main import app
-from gpuflex.client import Client
-from gpuflex.localnet import LocalNetwork
+from gpuflex.client import Client, NodeClient
+from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.testing import save_llama, wait_for
 
 from .test_finetune import client_token
@@ -43,14 +47,17 @@ def _served(gateway: openai.OpenAI, model: str) -> bool:
 
 
 def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
-    model_dir = save_llama(tmp_path / "my-model", ["alpha beta gamma delta. " * 50])
+    # init_std 0.1: layers that matter to the hidden states, as a trained model's (tests/serve/conftest.py)
+    model_dir = save_llama(tmp_path / "my-model", ["alpha beta gamma delta. " * 50], hidden=64, init_std=0.1)
     with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
         url = net.start_coordinator()
+        net.start_agent("core", price=0.4, core=True, extra=["--core-token", CORE_TOKEN])  # audits
         net.start_agent("c0", price=0.2)
         client = Client(url, Client(url).create_account("it").token)
         client.deposit(5)
         who = ["--url", url, "--token", client_token(client)]
-        out = _cli("deploy", "--model", str(model_dir), "--max-price", "0.5", "--budget", "1", *who)
+        args = ["--max-price", "0.5", "--budget", "1", "--audit-rate", "1"]
+        out = _cli("deploy", "--model", str(model_dir), *args, *who)
         deployment = re.search(r"deployed (d-[0-9a-f]+)", out)[1]
         key = re.search(r"gfxkey_[\w-]+", _cli("deployment", "key", "create", deployment, *who))[0]
         gateway = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
@@ -66,7 +73,11 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         assert completed.usage.prompt_tokens >= 1 and completed.model == deployment
         assert [m.id for m in gateway.models.list()] == [deployment]
 
-        other = client.deploy(client.deployment(deployment).spec.model_copy(update={"name": "other"}))
+        # priced under the core node: it waits for a community node
+        spec = client.deployment(deployment).spec.model_copy(
+            update={"name": "other", "max_price_per_hour": 0.3}
+        )
+        other = client.deploy(spec)
         others_key = client.create_key(other.id).key
         refusals = (
             (openai.AuthenticationError, key[:-3] + "xyz", deployment, "unknown API key"),
@@ -97,13 +108,42 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         listed = _cli("deployments", *who)
         assert deployment in listed and "1/1" in listed and other.id in listed
         assert shown.keys[0].id in _cli("deployment", "show", deployment, *who)
+        # every request was audited by the core node, and passed: no false positive, nothing billed twice
+        wait_for(lambda: client.deployment(deployment).audits.pending == 0, 120, "the audits to be judged")
+        shown = client.deployment(deployment)
+        assert [k.requests for k in shown.keys] == [4]  # and the owner's chat, not on the key: 5 served
+        assert (shown.audits.passed, shown.audits.failed, shown.verdicts) == (5, 0, [])
 
-        net.start_agent("c1", price=0.3)  # a lost replica is placed again, on the node that is left
-        wait_for(lambda: len(client.offers()) == 2, 60, "the second agent to register")
+        # a lost replica is placed again, on the community node that is left: a cheater
+        net.start_agent("c1", price=0.3, extra=["--adversary", "serve-int8"])
+        wait_for(lambda: len(client.offers()) == 3, 60, "the third agent to register")
+        nodes = {o.name: o.node_id for o in client.offers()}
+        cheater = NodeClient(url, NodeKey.load_or_create(tmp_path / "net" / "agents" / "c1" / "node.key"))
+        cheater.stake(2.0)
         net.kill_agent("c0")
         wait_for(lambda: client.deployment(deployment).tasks[0].epoch == 2, 60, "the replica to be re-placed")
+        assert client.deployment(deployment).tasks[0].node_id == nodes["c1"]
         wait_for(lambda: _served(gateway, deployment), 120, "the new replica to serve")
-        (task,) = client.deployment(deployment).tasks
-        assert {o.node_id: o.name for o in client.offers()}[task.node_id] == "c1"
+        for seed in range(3):
+            gateway.chat.completions.create(model=deployment, messages=CHAT, max_tokens=32, seed=seed)
+
+        def convicted() -> bool:
+            return bool(client.deployment(deployment).verdicts)
+
+        wait_for(convicted, 120, "the core node to convict the cheater")
+        (verdict,) = client.deployment(deployment).verdicts
+        assert (verdict.node_id, verdict.check, verdict.guilty, verdict.slashed) == (
+            nodes["c1"],
+            "inference-audit",
+            True,
+            1.0,
+        )
+        assert verdict.evidence["auditor"] == nodes["core"] and cheater.wallet().stake == pytest.approx(1.0)
+        # barred: the replica is placed again, on the core node, and serves
+        wait_for(lambda: client.deployment(deployment).tasks[0].epoch == 3, 60, "the replica to leave c1")
+        assert client.deployment(deployment).tasks[0].node_id == nodes["core"]
+        wait_for(lambda: _served(gateway, deployment), 120, "the core node's replica to serve")
+        shown = _cli("deployment", "show", deployment, *who)
+        assert "inference-audit" in shown and "guilty" in shown and "failed" in shown
         stopped = client.stop_deployment(deployment)
         assert client.balance().balance == pytest.approx(5 - stopped.spent)

@@ -29,6 +29,9 @@ from gpuflex.protocol import messages as m
 
 log = logging.getLogger("gpuflex.agent")
 
+AUDIT_POLL_S = 2.0  # how often a node that may audit asks for served requests to re-check
+SERVING_PREFIX = "serve-"  # the kinds of gpuflex.serve.cheats.SERVING: a server task plays them, a worker not
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -50,8 +53,9 @@ class AgentConfig:
     # private datasets offered to federated jobs, by name (``agent.private``), and the accounts admitted
     private_data: dict[str, Path] = field(default_factory=dict)
     consumers: tuple[str, ...] = ()
-    # TESTING ONLY: every worker task plays this gpuflex.train.adversaries kind (a cheating provider,
-    # for `gpuflex demo --cheater` and tests of verification). None: an honest provider.
+    # TESTING ONLY: every worker task plays this gpuflex.train.adversaries kind, or every server task this
+    # gpuflex.serve.cheats.SERVING kind (a cheating provider, for `gpuflex demo --cheater` and tests of
+    # verification). None: an honest provider.
     adversary: str | None = None
 
 
@@ -127,6 +131,8 @@ class Agent:
         self.register()
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
+        audits = threading.Thread(target=self._audit_loop, name="inference-audits", daemon=True)
+        audits.start()
         while not self.stopping.is_set():
             self._duty("watch task", self._watch_task)
             if self.task is None and not self.stopping.is_set():
@@ -138,6 +144,7 @@ class Agent:
                 self.stopping.wait(0.5)
         self._drain()
         beat.join(timeout=5)
+        audits.join(timeout=5)
 
     def stop(self, *_: object) -> None:
         self.stopping.set()
@@ -155,6 +162,21 @@ class Agent:
         while not self.stopping.wait(self.heartbeat_interval_s):
             self._duty("heartbeat", self._heartbeat)
 
+    def _audit_loop(self) -> None:
+        """Re-check served requests of deployments (``agent.auditor``): a core node always; a community
+        node while it serves a replica (the coordinator hands it audits only while no core node is online).
+        The auditor is made on first use: a node that never audits never loads torch for it."""
+        auditor = None
+        while not self.stopping.wait(AUDIT_POLL_S):
+            task = self.task
+            if self.config.kind != "core" and (task is None or task.grant.role != "server"):
+                continue
+            if auditor is None:
+                from gpuflex.agent.auditor import InferenceAuditor
+
+                auditor = InferenceAuditor(self.client, self.cache, self.config.task_threads)
+            self._duty("inference audits", auditor.run_once)
+
     def _heartbeat(self) -> None:
         task = self.task
         held = [m.LeaseHeld(lease_id=task.grant.lease_id, epoch=task.grant.epoch)] if task else []
@@ -165,13 +187,15 @@ class Agent:
             self.work.set()
 
     def _task_config(self, grant: m.LeaseGrant) -> m.TaskConfig | m.ServerConfig:
-        """The task as leased; a worker of a (testing-only) cheating agent plays its adversary."""
-        if self.config.adversary is None or not isinstance(grant.task, m.TaskConfig):
-            return grant.task
-        if grant.task.role != "worker":
-            return grant.task
-        log.warning("TESTING ONLY: worker task %s plays adversary %r", grant.task_id, self.config.adversary)
-        return grant.task.model_copy(update={"adversary": self.config.adversary})
+        """The task as leased; a worker or a server of a (testing-only) cheating agent plays its adversary
+        (a serving kind for a server, a training kind for a worker)."""
+        adversary, task = self.config.adversary, grant.task
+        if adversary is None or task.role not in ("worker", "server"):
+            return task
+        if (task.role == "server") != adversary.startswith(SERVING_PREFIX):
+            return task
+        log.warning("TESTING ONLY: %s task %s plays adversary %r", task.role, grant.task_id, adversary)
+        return task.model_copy(update={"adversary": adversary})
 
     def _lease(self) -> None:
         grant = self.client.lease()

@@ -28,6 +28,7 @@ from gpuflex.protocol.deployment import DeployedModel
 from gpuflex.protocol.messages import ServerConfig
 from gpuflex.protocol.relay import MAX_RELAY_BATCH, RelayCompletion, RelayEvent, RelayRequest
 from gpuflex.protocol.spec import ModelSpec, TrainingSpec
+from gpuflex.serve import cheats
 from gpuflex.serve.backend import Generation, LocalBackend, Prompt
 from gpuflex.serve.engine import Cancelled, Completion, Engine
 from gpuflex.serve.model import ServedModel
@@ -50,7 +51,11 @@ def run_server(
     """Serve the deployment's model until told to stop; ``poller`` and ``sender`` are two connections
     with the task's token (a poll waiting must not hold up the events)."""
     with served_directory(config.model, poller.get_blob, cache) as directory:
-        engine = Engine(ServedModel.load(directory), max_batch=config.max_batch)
+        model = ServedModel.load(directory)
+        if config.adversary is not None:  # testing only: a cheating provider (``cheats.SERVING``)
+            log.warning("TESTING ONLY: replica %d plays adversary %r", config.replica, config.adversary)
+            model = cheats.SERVING[config.adversary](model)
+        engine = Engine(model, max_batch=config.max_batch)
         try:
             replica = Replica(LocalBackend(engine, config.job_id, config.context), sender)
             log.info("replica %d of %s serving (%s)", config.replica, config.job_id, engine.model.device)

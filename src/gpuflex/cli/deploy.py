@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from gpuflex.cli.jobs import print_events, upload_model
+from gpuflex.cli.jobs import print_events, upload_model, verdict_table
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client, resolve
@@ -51,6 +51,15 @@ def deploy(
     max_price: Annotated[float, typer.Option(help="the most a replica's node may ask, credits/h")] = 1.0,
     budget: Annotated[float, typer.Option(help="credits moved into escrow; it ends when spent")] = 5.0,
     context: Annotated[int, typer.Option(help="longest prompt plus completion, in tokens")] = 2048,
+    audit_rate: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=1,
+            help="share of served requests a core node re-checks against the replica's fingerprints; "
+            "a replica caught serving another model is slashed, barred and replaced",
+        ),
+    ] = DeploymentSpec.model_fields["audit_rate"].default,
     url: Url = None,
     token: Token = None,
 ) -> None:
@@ -68,6 +77,7 @@ def deploy(
         "max_price_per_hour": max_price,
         "budget": budget,
         "context": context,
+        "audit_rate": audit_rate,
     }
     try:
         spec = DeploymentSpec.model_validate(fields)
@@ -105,7 +115,8 @@ def _served(d: DeploymentInfo) -> tuple[str, str, str]:
 
 @deployment_app.command("show")
 def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, token: Token = None) -> None:
-    """A deployment's state, its replicas (and why each node was chosen, or why one waits) and costs."""
+    """A deployment's state, its replicas (and why each node was chosen, or why one waits), costs, keys,
+    and its inference audits: how many passed or failed, and the verdicts on the providers that failed."""
     d = consumer_client(url, token).deployment(deployment_id)
     if as_json:
         print_json(d)
@@ -133,6 +144,14 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     for k in d.keys:
         keys.add_row(k.id, str(k.requests), str(k.prompt_tokens), str(k.completion_tokens))
     console.print(keys)
+    a = d.audits
+    console.print(
+        f"inference audits (audit_rate {d.spec.audit_rate:g}): {a.passed} passed, {a.failed} failed, "
+        f"{a.pending} pending",
+        highlight=False,
+    )
+    if d.verdicts:
+        console.print(verdict_table(d.verdicts, "audit"))
 
 
 @deployment_app.command("logs")

@@ -277,18 +277,19 @@ def _privacy_line(p: DPStatus) -> str:
     return f"privacy.dp: {spent}; {noise}; {p.rounds} rounds"
 
 
-def verdict_table(verdicts: list[Verdict]) -> Group:
+def verdict_table(verdicts: list[Verdict], what: str = "round") -> Group:
     """What verification found, newest first: a guilty node was slashed and barred from the job. The
-    checks' reasons follow the table, one line each, so it fits 80 columns with its ids whole."""
+    checks' reasons follow the table, one line each, so it fits 80 columns with its ids whole. ``what``
+    the verdict's number counts: a job's round, a deployment's audit."""
     verdict_rows = table(
-        "round", "task", "node", "verdict", "slashed", "withheld", ids=["task", "node"], title="verdicts"
+        what, "task", "node", "verdict", "slashed", "withheld", ids=["task", "node"], title="verdicts"
     )
     reasons = []
     for v in verdicts:
         outcome = "[red]guilty[/red]" if v.guilty else "[green]clean[/green]"
         row = (str(v.round), v.task_id, v.node_id, outcome, credits(v.slashed), credits(v.withheld))
         verdict_rows.add_row(*row)
-        reasons.append(Text(f"round {v.round}, task {v.task_id} ({v.check}): {v.reason}"))
+        reasons.append(Text(f"{what} {v.round}, task {v.task_id} ({v.check}): {v.reason}"))
     return Group(verdict_rows, *reasons)
 
 

@@ -101,7 +101,8 @@ def start(
         str | None,
         typer.Option(
             help="TESTING ONLY: cheat — every worker task plays this gpuflex.train.adversaries kind "
-            "(e.g. scaled); verification should slash this node and bar it from the job"
+            "(e.g. scaled), or every server task this gpuflex.serve.cheats kind (serve-smaller, serve-int8, "
+            "serve-int4); verification should slash this node and bar it from the job or deployment"
         ),
     ] = None,
 ) -> None:
@@ -112,10 +113,11 @@ def start(
     from gpuflex.agent.sandbox import Limits
 
     if adversary is not None:
+        from gpuflex.serve.cheats import SERVING
         from gpuflex.train.adversaries import KINDS
 
-        if adversary not in KINDS:
-            raise BadRequest(f"unknown adversary {adversary!r}: one of {', '.join(KINDS)}")
+        if adversary not in KINDS.keys() | SERVING.keys():
+            raise BadRequest(f"unknown adversary {adversary!r}: one of {', '.join([*KINDS, *SERVING])}")
     name = name or socket.gethostname()
     config = AgentConfig(
         coordinator_url=resolve_url(url),

@@ -7,6 +7,7 @@ serve --tls-cert``) is reached with ``--ca`` naming that CA, and one signed by a
 
 from __future__ import annotations
 
+import hashlib
 import ssl
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from gpuflex.errors import BadRequest, ServiceError, from_status
+from gpuflex.errors import BadRequest, HashMismatch, ServiceError, from_status
 
 RETRYABLE_STATUS = {502, 503, 504}
 
@@ -117,3 +118,11 @@ def _checked(response: httpx.Response) -> httpx.Response:
     # A detail of several lines (a query error's caret line under the query) keeps them intact.
     first, newline, rest = str(detail).partition("\n")
     raise from_status(response.status_code, f"{first} (HTTP {response.status_code}){newline}{rest}")
+
+
+def get_blob(http: HttpSession, digest: str) -> bytes:
+    """A blob by its hash, checked: a task's and a node's read (``HashMismatch`` if it arrived corrupted)."""
+    data = http.request("GET", f"/v1/blobs/{digest}").content
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise HashMismatch(f"blob {digest} arrived corrupted")
+    return data

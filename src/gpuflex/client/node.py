@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuflex.auth.signing import NodeKey
-from gpuflex.client.http import HttpSession
+from gpuflex.client.http import HttpSession, get_blob
 from gpuflex.protocol import messages as m
 
 
@@ -33,6 +33,18 @@ class NodeClient:
 
     def report(self, lease_id: str, msg: m.LeaseReport) -> None:
         self.http.request("POST", f"/v1/nodes/leases/{lease_id}/report", json=msg.model_dump())
+
+    def get_blob(self, digest: str) -> bytes:
+        return get_blob(self.http, digest)
+
+    def claim_inference_audits(self, limit: int) -> m.InferenceAuditList:
+        body = m.InferenceAuditClaim(limit=limit).model_dump()
+        response = self.http.request("POST", "/v1/nodes/inference-audits/claim", json=body)
+        return m.InferenceAuditList.model_validate(response.json())
+
+    def report_inference_finding(self, audit_id: int, finding: m.InferenceFinding) -> None:
+        body = finding.model_dump(mode="json")
+        self.http.request("POST", f"/v1/nodes/inference-audits/{audit_id}/finding", json=body)
 
     def leave(self) -> None:
         self.http.request("POST", "/v1/nodes/leave")

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from gpuflex.client.http import HttpSession
-from gpuflex.errors import HashMismatch
+from gpuflex.client.http import HttpSession, get_blob
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.relay import RelayEvent, RelayEvents, RelayWork
 
@@ -29,10 +28,7 @@ class TaskClient:
         self.http.close()
 
     def get_blob(self, digest: str) -> bytes:
-        data = self.http.request("GET", f"/v1/blobs/{digest}").content
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise HashMismatch(f"blob {digest} arrived corrupted")
-        return data
+        return get_blob(self.http, digest)
 
     def put_blob(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()

@@ -231,6 +231,32 @@ class PeerAudit(Base):
     reported_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class InferenceAudit(Base):
+    """A served request drawn for audit: what the replica claimed (prompt, output, sampling, fingerprints),
+    the node that checks it (``auditor_node_id``, claimed at ``claimed_at``) and what it found."""
+
+    __tablename__ = "inference_audits"
+    __table_args__ = (Index("ix_inference_audits_state", "state", "job_id"),)  # the auditors' claim
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)  # the deployment
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))  # the replica that served it
+    lease_id: Mapped[str] = mapped_column(ForeignKey("leases.id"))
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"))
+    prompt: Mapped[list] = mapped_column(JSON)
+    tokens: Mapped[list] = mapped_column(JSON)
+    params: Mapped[dict] = mapped_column(
+        JSON
+    )  # temperature, top_p, seed (up to 2**64 - 1: JSON, not a column)
+    fingerprints: Mapped[list] = mapped_column(JSON)  # base64, as sent
+    state: Mapped[str] = mapped_column(String(16))  # pending | passed | failed
+    auditor_node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), nullable=True)
+    claimed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    numbers: Mapped[dict] = mapped_column(JSON, default=dict)
+    created_at: Mapped[float] = mapped_column(Float)
+    judged_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class JobEvent(Base):
     __tablename__ = "job_events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

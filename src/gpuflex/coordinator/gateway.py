@@ -4,7 +4,8 @@ A request's ``model`` is a deployment of the caller's (its name, id or id prefix
 deployments.servable``); a deployment's API key reaches only its own deployment, any other is a 403 and
 nothing is counted. The request goes to one of the deployment's replicas through this process's
 ``Relay``; the replica encodes the prompt and checks it against the context, so every refusal still comes
-before a token streams. A request served under a key counts on the key (``deployment_keys.count``).
+before a token streams. A request served under a key counts on the key (``deployment_keys.count``), once,
+and every completed request is drawn for audit at the deployment's ``audit_rate`` (``inference_audits``).
 """
 
 # No ``from __future__ import annotations``: FastAPI reads ``backend``'s ``Annotated`` dependency.
@@ -17,8 +18,8 @@ from fastapi import Depends, Request
 from gpuflex.coordinator.auth import Ctx, GatewayCaller, gateway_caller
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import Job
-from gpuflex.coordinator.relay import Relay
-from gpuflex.coordinator.services import deployment_keys, deployments, specs
+from gpuflex.coordinator.relay import REMOTE, Relay, RemoteGeneration
+from gpuflex.coordinator.services import deployment_keys, deployments, inference_audits, specs
 from gpuflex.errors import Forbidden
 from gpuflex.protocol.relay import RelayParams, RelayPrompt, RelayRequest
 from gpuflex.serve.backend import Generation, ModelCard, Prompt
@@ -68,16 +69,18 @@ class GatewayBackend:
         with self.ctx.read() as s:
             live = deployments.live_replicas(s, model)
         generation = self.relay.submit(model, request, params, live)
-        if self.caller.key_id is not None:
-            generation.on_done = self._count
+        generation.on_done = lambda done: self._done(generation, done)
         return generation
 
-    def _count(self, done: Completion) -> None:
-        assert self.caller.key_id is not None, "only a key's requests are counted"
+    def _done(self, generation: RemoteGeneration, done: Completion) -> None:
+        """Count a key's request once, and draw it for audit, in one transaction."""
         with self.ctx.tx() as s:
-            deployment_keys.count(
-                s, self.caller.key_id, done.usage.prompt_tokens, done.usage.completion_tokens
-            )
+            if self.caller.key_id is not None:
+                deployment_keys.count(
+                    s, self.caller.key_id, done.usage.prompt_tokens, done.usage.completion_tokens
+                )
+            lease_id = generation.lease_id.removeprefix(REMOTE)
+            inference_audits.sample(s, generation.deployment_id, lease_id, done, self.ctx.now())
 
 
 def _card(deployment: Job) -> ModelCard:

@@ -76,7 +76,12 @@ class DeploymentSpec(_Strict):
     budget: Annotated[float, Field(gt=0, le=1_000_000)] = 5.0
     pricing: Literal["fixed"] = Field("fixed", description="each replica's node is paid its own price")
     audit_rate: Annotated[float, Field(ge=0, le=1)] = Field(
-        0.0, description="the share of requests a second node re-checks (stored; audits come later)"
+        0.05,
+        description="the share of served requests a core node (or a replica of another provider) re-checks "
+        "by one prefill of prompt + output against the replica's fingerprints",
+    )
+    slash: Annotated[float, Field(ge=0, le=1_000_000)] = Field(
+        1.0, description="credits taken from a node's stake for a failed inference audit"
     )
     context: Annotated[int, Field(ge=16, le=1 << 20)] = Field(
         2048, description="the longest prompt plus completion a request may have, in tokens"

@@ -228,6 +228,9 @@ class ServerConfig(Message):
     model: DeployedModel
     context: int
     max_batch: int
+    adversary: str | None = Field(
+        None, description="testing only: the gpuflex.serve.cheats.SERVING kind this replica plays"
+    )
 
 
 AnyTaskConfig = Annotated[TaskConfig | ServerConfig, Field(discriminator="role")]
@@ -490,6 +493,8 @@ class DeploymentDetail(DeploymentInfo):
     tasks: list[TaskInfo]
     costs: list[NodeCost]
     keys: list[KeyUsage] = Field(default_factory=list, description="its API keys and their usage")
+    audits: InferenceAuditCounts = Field(default_factory=lambda: InferenceAuditCounts())
+    verdicts: list[Verdict] = Field(default_factory=list, description="guilty inference audits, newest first")
 
 
 # -- the task subprocess (bearer: the lease's task token) ----------------------------------
@@ -653,7 +658,7 @@ class PeerAuditReport(Message):
     hashes: Trace = Field(description="the trace hash after each re-run segment, in order")
 
 
-VerdictCheck = Literal["screen", "audit", "no-show", "peer-audit", "dispute"]
+VerdictCheck = Literal["screen", "audit", "no-show", "peer-audit", "dispute", "inference-audit"]
 Evidence = Annotated[dict[str, str | float | int | None], Field(max_length=32)]
 
 
@@ -666,7 +671,8 @@ class VerdictSubmit(Message):
     check: VerdictCheck = Field(
         description="screen: the aggregator's screening; audit: re-execution; "
         "no-show: the audit state never came; peer-audit: a second provider's re-run agreed; "
-        "dispute: it disagreed and the core node re-ran the first segment where they differ"
+        "dispute: it disagreed and the core node re-ran the first segment where they differ; "
+        "inference-audit: a deployment's served request re-checked by prefill (round: the audit's number)"
     )
     reason: Annotated[str, Field(min_length=1, max_length=500)]
     evidence: Evidence = Field(default_factory=dict)
@@ -701,6 +707,48 @@ class RoundPublish(Message):
 
 class TaskLog(Message):
     message: Annotated[str, Field(min_length=1, max_length=2000)]
+
+
+# -- inference audits (a node's signature: core nodes, or a replica of another provider) -------------------
+
+
+class InferenceAudit(Message):
+    """A served request drawn for audit (``DeploymentSpec.audit_rate``): what the auditor re-runs by one
+    prefill of ``prompt`` + ``tokens`` on its own copy of ``model`` (``serve.verify``)."""
+
+    id: int
+    deployment_id: str
+    model: DeployedModel
+    prompt: list[int]
+    tokens: list[int]
+    temperature: float
+    top_p: float
+    seed: int
+    fingerprints: list[str] = Field(description="base64, one per 32 output tokens, as the provider sent them")
+
+
+class InferenceAuditClaim(Message):
+    limit: Annotated[int, Field(ge=1, le=16)] = 4
+
+
+class InferenceAuditList(Message):
+    audits: list[InferenceAudit]
+
+
+class InferenceFinding(Message):
+    """The auditor's finding on one audit (``serve.verify.Finding``); ``ok`` false convicts the provider."""
+
+    ok: bool
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+    numbers: Evidence = Field(default_factory=dict)
+
+
+class InferenceAuditCounts(Message):
+    """A deployment's inference audits by state."""
+
+    pending: int = 0
+    passed: int = 0
+    failed: int = 0
 
 
 # -- ledger -----------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from gpuflex.protocol.messages import Message
 
 MAX_RELAY_BATCH = 256  # requests or events in one message
 RequestId = Annotated[str, Field(min_length=1, max_length=64)]
+# a proof of 32 tokens (``serve.fingerprint``: at most 258 bytes), base64: what an audit keeps of it
+Fingerprint = Annotated[str, Field(max_length=344, description="base64 of at most 258 bytes")]
 
 
 class RelayPrompt(Message):
@@ -68,7 +70,7 @@ class RelayCompletion(Message):
     prompt_tokens: int
     completion_tokens: int
     resumed_tokens: int = 0
-    fingerprints: list[str] = Field(default_factory=list, description="base64, one per 32 output tokens")
+    fingerprints: list[Fingerprint] = Field(default_factory=list, description="one per 32 output tokens")
 
 
 class RelayEvent(Message):

@@ -7,11 +7,15 @@ and claims it did what was asked. ``verify`` must catch every one.
 - tokens the model did not produce (random or other text), with fingerprints computed honestly over
   them by a prefill (``refingerprint``) or copied from another output;
 - an altered prompt: the system message dropped (``drop_system``) before encoding.
+
+``SERVING`` names the model cheats a provider's server task plays under ``provider start --adversary``
+(testing only): the replica serves the cheaper model and is honest in all else, its fingerprints included.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -56,3 +60,10 @@ def refingerprint(served: ServedModel, prompt: list[int], tokens: list[int]) -> 
 def drop_system(messages: list[dict]) -> list[dict]:
     """The messages without their system message: a shorter prompt, and not the one asked."""
     return [m for m in messages if m["role"] != "system"]
+
+
+SERVING: dict[str, Callable[[ServedModel], ServedModel]] = {
+    "serve-smaller": lambda served: drop_layers(served, max(1, served.model.config.num_hidden_layers // 2)),
+    "serve-int8": lambda served: quantize(served, 8),
+    "serve-int4": lambda served: quantize(served, 4),
+}

@@ -2,8 +2,9 @@
 
 import asyncio
 import logging
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex.auth.signing import HEADER_NODE, node_id_for
@@ -11,7 +12,7 @@ from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest, VerifiedSig
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.groupcommit import Grants, Heartbeats
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import leases, registry, stakes
+from gpuflex.coordinator.services import inference_audits, leases, registry, stakes
 from gpuflex.coordinator.web import tokens
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
@@ -82,6 +83,25 @@ def leave(node: SignedNode, ctx: Ctx) -> dict[str, str]:
     with ctx.tx() as s:
         registry.leave(s.get(Node, node.id), ctx.now())
     return {"status": "left"}
+
+
+@router.post("/inference-audits/claim")
+def claim_inference_audits(body: m.InferenceAuditClaim, node: SignedNode, ctx: Ctx) -> m.InferenceAuditList:
+    """Served requests drawn for audit that this node may re-check: any for a core node; for a community
+    node, while no core node is online, those of a deployment it holds a replica of, served elsewhere."""
+    with ctx.tx() as s:
+        return inference_audits.claim(s, s.get(Node, node.id), body.limit, ctx.now())
+
+
+@router.post("/inference-audits/{audit_id}/finding")
+def inference_finding(
+    audit_id: Annotated[int, Path(ge=1, le=m.INT32_MAX)], body: m.InferenceFinding, node: SignedNode, ctx: Ctx
+) -> dict[str, str]:
+    """The auditor's finding on an audit it claimed: a failed one convicts the provider."""
+    with ctx.tx() as s:
+        inference_audits.judge(s, s.get(Node, node.id), audit_id, body, ctx.now())
+    log.info("inference audit judged", extra={"node_id": node.id, "audit": audit_id, "ok": body.ok})
+    return {"status": "recorded"}
 
 
 @router.get("/wallet")

@@ -3,7 +3,8 @@
 A deployment is a ``jobs`` row of kind ``deployment`` with one ``server`` task per replica, so it reuses
 what a job has: placement (``market``, the replicas placed as workers with no aggregator), leases,
 epochs and liveness (a lost replica's task goes back to the market and is placed again), per-second
-metering from escrow, settlement (``jobs.finish``) and verdicts. It has no rounds and ends when its
+metering from escrow, settlement (``jobs.finish``) and verdicts (its inference audits' failures:
+``inference_audits``). It has no rounds and ends when its
 owner stops it (what is unspent goes back to the wallet) or its budget is spent (``jobs.enforce_limits``).
 ``scale`` adds replicas or cancels the newest; its spec's ``replicas`` stays what it was created with.
 """
@@ -15,8 +16,8 @@ from pathlib import PurePath
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Task, new_id
-from gpuflex.coordinator.services import deployment_keys, ids, jobs, leases, specs
+from gpuflex.coordinator.db import Account, InferenceAudit, Job, JobEvent, Lease, Task, new_id
+from gpuflex.coordinator.services import deployment_keys, ids, jobs, leases, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.errors import BadRequest, Conflict
 from gpuflex.market.pricing import parameter_count
@@ -199,4 +200,14 @@ def detail(session: Session, deployment: Job, now: float) -> m.DeploymentDetail:
         tasks=[jobs.task_info(t) for t in tasks],
         costs=jobs.costs(session, deployment, now),
         keys=deployment_keys.of(session, deployment),
+        audits=_audit_counts(session, deployment),
+        verdicts=verification.for_job(session, deployment),
     )
+
+
+def _audit_counts(session: Session, deployment: Job) -> m.InferenceAuditCounts:
+    """Its served requests drawn for audit (``inference_audits``), by state."""
+    query = select(InferenceAudit.state, func.count(InferenceAudit.id)).where(
+        InferenceAudit.job_id == deployment.id
+    )
+    return m.InferenceAuditCounts(**dict(session.execute(query.group_by(InferenceAudit.state)).all()))

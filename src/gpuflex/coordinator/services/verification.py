@@ -35,7 +35,7 @@ from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.storage import BlobStore
 
 _RATE_RESOLUTION = 1_000_000  # audit_rate is drawn against in millionths
-_EVIDENCE_ITEMS = 32  # what protocol.messages.Evidence holds at most
+EVIDENCE_ITEMS = 32  # what protocol.messages.Evidence holds at most
 
 
 def draw_audit(audit_rate: float, commitment: m.Commitment | None) -> int | None:
@@ -43,11 +43,14 @@ def draw_audit(audit_rate: float, commitment: m.Commitment | None) -> int | None
 
     No commitment (or an empty trace) leaves nothing to audit.
     """
-    if commitment is None or not commitment.trace:
-        return None
-    if secrets.randbelow(_RATE_RESOLUTION) >= round(audit_rate * _RATE_RESOLUTION):
+    if commitment is None or not commitment.trace or not drawn(audit_rate):
         return None
     return secrets.randbelow(len(commitment.trace))
+
+
+def drawn(audit_rate: float) -> bool:
+    """True with probability ``audit_rate``, from a CSPRNG (a contribution's audit, a served request's)."""
+    return secrets.randbelow(_RATE_RESOLUTION) < round(audit_rate * _RATE_RESOLUTION)
 
 
 def submit_audit_state(session: Session, lease: Lease, msg: m.AuditStateSubmit, blobs: BlobStore) -> None:
@@ -153,6 +156,8 @@ def _peer_audit_view(row: PeerAudit) -> m.PeerAudit:
 
 def record(session: Session, lease: Lease, msg: m.VerdictSubmit, now: float) -> m.Verdict:
     """Record the aggregator's verdict on a contribution of its job, and carry out what it entails."""
+    if msg.check == "inference-audit":
+        raise BadRequest("inference-audit verdicts come from a deployment's auditors, not an aggregator")
     job = _aggregated_by(session, lease)
     existing = session.scalars(
         select(Verdict).where(
@@ -173,7 +178,7 @@ def record(session: Session, lease: Lease, msg: m.VerdictSubmit, now: float) -> 
         raise Conflict(f"the contribution of {msg.task_id} to round {msg.round} is no longer {judged}")
     node = session.get(Node, contribution.node_id, with_for_update=True)
     evidence = dict(msg.evidence)
-    if len(evidence) < _EVIDENCE_ITEMS:
+    if len(evidence) < EVIDENCE_ITEMS:
         evidence.setdefault("delta", contribution.delta)  # what was judged, by its hash
     verdict = Verdict(
         job_id=job.id,
@@ -209,19 +214,36 @@ def _aggregated_by(session: Session, lease: Lease) -> Job:
 def _convict(
     session: Session, job: Job, contribution: Contribution, node: Node, verdict: Verdict, now: float
 ) -> None:
-    """Discard the contribution, slash and withhold, count the failure, and bar the node from the job."""
+    """Discard the contribution, then ``convict`` its node."""
     amount = to_micro(specs.of(job).training.verification.slash)
-    evidence = f"{verdict.check} verdict on round {verdict.round} of job {job.id}: {verdict.reason}"
-    slash = stakes.slash(session, node.id, amount, evidence, now, job_id=job.id)
+    session.delete(contribution)
+    convict(session, job, contribution.task_id, node, verdict, amount, f"round {verdict.round}", now)
+
+
+def convict(
+    session: Session,
+    job: Job,
+    task_id: str,
+    node: Node,
+    verdict: Verdict,
+    amount_micro: int,
+    what: str,
+    now: float,
+) -> None:
+    """Slash ``node`` for ``verdict`` (its held pay withheld), count the failure, and bar it from the job:
+    its lease on ``task_id`` ends and the task is placed again elsewhere. ``what``: the work judged, in
+    words (``round 3``, ``audit 12``). Training's verdicts and a deployment's inference audits share it."""
+    noun = "deployment" if job.kind == "deployment" else "job"
+    evidence = f"{verdict.check} verdict on {what} of {noun} {job.id}: {verdict.reason}"
+    slash = stakes.slash(session, node.id, amount_micro, evidence, now, job_id=job.id)
     verdict.slashed_micro, verdict.withheld_micro = slash.amount_micro, slash.withheld_micro
     node.audits_failed += 1
-    session.delete(contribution)
     message = (
-        f"verdict: {node.name} ({node.id}) guilty ({verdict.check}, round {verdict.round}): "
-        f"{verdict.reason}; slashed {to_credits(slash.amount_micro):.6f} credits; barred from the job"
+        f"verdict: {node.name} ({node.id}) guilty ({verdict.check}, {what}): "
+        f"{verdict.reason}; slashed {to_credits(slash.amount_micro):.6f} credits; barred from the {noun}"
     )
     session.add(JobEvent(job_id=job.id, at=now, message=message))
-    leases.end_by_verdict(session, contribution.task_id, node.id, now)
+    leases.end_by_verdict(session, task_id, node.id, now)
 
 
 def for_job(session: Session, job: Job) -> list[m.Verdict]:

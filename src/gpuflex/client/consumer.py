@@ -111,9 +111,14 @@ class Client:
         response = self.http.request("POST", f"/v1/deployments/{deployment_id}/stop")
         return m.DeploymentInfo.model_validate(response.json())
 
-    def create_key(self, deployment_id: str) -> m.DeploymentKeyCreated:
-        """An API key scoped to the deployment, for OpenAI clients; its secret is shown this once."""
-        response = self.http.request("POST", f"/v1/deployments/{deployment_id}/keys")
+    def create_key(
+        self, deployment_id: str, holder: str | None = None, price_in: float = 0.0, price_out: float = 0.0
+    ) -> m.DeploymentKeyCreated:
+        """An API key scoped to the deployment, for OpenAI clients; its secret is shown this once. Held
+        by the account named ``holder``, it pays the prices (credits per million input and output
+        tokens) to this account."""
+        body = m.DeploymentKeyCreate(holder=holder, price_in=price_in, price_out=price_out)
+        response = self.http.request("POST", f"/v1/deployments/{deployment_id}/keys", json=body.model_dump())
         return m.DeploymentKeyCreated.model_validate(response.json())
 
     def offers(self, query: str = "", order: str = "") -> list[m.Offer]:

@@ -7,6 +7,7 @@ from typing import TypeVar
 from fastapi import APIRouter, Request
 
 from gpuflex.coordinator.auth import Consumer, Ctx
+from gpuflex.coordinator.relay import Relay
 from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import deployment_keys, deployments, governance, jobs
 from gpuflex.protocol import messages as m
@@ -28,23 +29,23 @@ def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.Deploymen
 Info = TypeVar("Info", bound=m.DeploymentInfo)
 
 
-def _measured(info: Info, request: Request) -> Info:
+def measured(info: Info, relay: Relay) -> Info:
     """With what this process's relay measured of the deployment over the last minute."""
-    return info.model_copy(update=asdict(request.app.state.relay.stats(info.id)))
+    return info.model_copy(update=asdict(relay.stats(info.id)))
 
 
 @router.get("")
 def list_deployments(request: Request, account: Consumer, ctx: Ctx) -> list[m.DeploymentInfo]:
     with ctx.read() as s:
         found = [deployments.info(s, d, ctx.now()) for d in deployments.list_for(s, account)]
-    return [_measured(info, request) for info in found]
+    return [measured(info, request.app.state.relay) for info in found]
 
 
 @router.get("/{deployment_id}")
 def show(deployment_id: str, request: Request, account: Consumer, ctx: Ctx) -> m.DeploymentDetail:
     with ctx.read() as s:
         detail = deployments.detail(s, deployments.owned(s, account, deployment_id), ctx.now())
-    return _measured(detail, request)
+    return measured(detail, request.app.state.relay)
 
 
 @router.get("/{deployment_id}/logs")
@@ -74,10 +75,14 @@ def stop(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
     return info
 
 
-@router.post("/{deployment_id}/keys", status_code=201)
-def create_key(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentKeyCreated:
-    """An API key that reaches this deployment only (through the OpenAI gateway); shown this once."""
+@router.post("/{deployment_id}/keys", status_code=201, responses=errors(400))
+def create_key(
+    deployment_id: str, account: Consumer, ctx: Ctx, body: m.DeploymentKeyCreate | None = None
+) -> m.DeploymentKeyCreated:
+    """An API key that reaches this deployment only (through the OpenAI gateway); shown this once. Given
+    to another account (``holder``) at prices per million tokens, that account pays them to you."""
     with ctx.tx() as s:
-        created = deployment_keys.create(s, deployments.owned(s, account, deployment_id), ctx.now())
+        deployment = deployments.owned(s, account, deployment_id)
+        created = deployment_keys.create(s, deployment, account, body or m.DeploymentKeyCreate(), ctx.now())
     log.info("deployment key %s created", created.id, extra={"job_id": created.deployment_id})
     return created

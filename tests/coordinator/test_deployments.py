@@ -8,9 +8,11 @@ import time
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import select, update
+from typer.testing import CliRunner
 
 from gpuflex.cli.deploy import upload_served_model
 from gpuflex.cli.jobs import upload_model
+from gpuflex.cli.main import app
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import Account, Job
 from gpuflex.coordinator.services import deployment_keys, ledger
@@ -171,6 +173,12 @@ def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refus
     assert (pinned.job, pinned.checkpoint, pinned.training.recipe) == (hf.id, "c" * 64, "hf-causal-lm")
     assert pinned.size == alice.job(hf.id).spec.training.model.size
     assert alice.deployments()[0].model == f"job {hf.id} (checkpoint cccccccccccc)"
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    deployed = CliRunner().invoke(
+        app, ["deploy", hf.id[:5], "--budget", "0.1", "--url", coordinator.url, "--token", token]
+    )
+    assert deployed.exit_code == 0, deployed.output
+    assert alice.deployments()[-1].name == "h"  # the job's name, not the prefix it was given by
 
 
 def _serve(coordinator, key_id: str, prompt_tokens: int, completion_tokens: int) -> None:

@@ -21,12 +21,13 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterator
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from gpuflex.errors import ServiceError, from_status
+from gpuflex.protocol.messages import DeploymentInfo
 from gpuflex.protocol.relay import RelayCompletion, RelayEvent, RelayRequest, RelayWork
 from gpuflex.serve.engine import Cancelled, Completion, Event, Usage
 from gpuflex.serve.sampling import SamplingParams
@@ -41,6 +42,7 @@ MAX_FAILOVERS = 3  # a request lost on this many replicas fails
 REMOTE = "@"  # a request's lease id, prefixed: its replica is held by another coordinator process
 START_S = 30.0  # a replica says whether it took a request (encoded, it fits) within this
 SILENCE_S = 60.0  # a request whose replica sends nothing for this long fails
+Info = TypeVar("Info", bound=DeploymentInfo)
 WINDOW_S = 60.0  # ``stats`` covers the requests served this long ago at most
 
 
@@ -366,6 +368,10 @@ class Relay:
             replica.open[generation.request.id] = generation
             replica.requests.append(generation.request)
             replica.notify()
+
+    def measured(self, info: Info) -> Info:
+        """``info`` with what this process served of the deployment over the last ``WINDOW_S``."""
+        return info.model_copy(update=asdict(self.stats(info.id)))
 
     def stats(self, deployment_id: str) -> Stats:
         """Requests and tokens per second served over the last ``WINDOW_S``, and the times to first token

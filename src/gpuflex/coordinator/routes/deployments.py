@@ -1,13 +1,10 @@
 """Deployments, seen only by the account that created them; ``{deployment_id}`` may be a unique prefix."""
 
 import logging
-from dataclasses import asdict
-from typing import TypeVar
 
 from fastapi import APIRouter, Request
 
 from gpuflex.coordinator.auth import Consumer, Ctx
-from gpuflex.coordinator.relay import Relay
 from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import deployment_keys, deployments, governance, jobs
 from gpuflex.protocol import messages as m
@@ -26,26 +23,18 @@ def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.Deploymen
     return info
 
 
-Info = TypeVar("Info", bound=m.DeploymentInfo)
-
-
-def measured(info: Info, relay: Relay) -> Info:
-    """With what this process's relay measured of the deployment over the last minute."""
-    return info.model_copy(update=asdict(relay.stats(info.id)))
-
-
 @router.get("")
 def list_deployments(request: Request, account: Consumer, ctx: Ctx) -> list[m.DeploymentInfo]:
     with ctx.read() as s:
         found = [deployments.info(s, d, ctx.now()) for d in deployments.list_for(s, account)]
-    return [measured(info, request.app.state.relay) for info in found]
+    return [request.app.state.relay.measured(info) for info in found]
 
 
 @router.get("/{deployment_id}")
 def show(deployment_id: str, request: Request, account: Consumer, ctx: Ctx) -> m.DeploymentDetail:
     with ctx.read() as s:
         detail = deployments.detail(s, deployments.owned(s, account, deployment_id), ctx.now())
-    return measured(detail, request.app.state.relay)
+    return request.app.state.relay.measured(detail)
 
 
 @router.get("/{deployment_id}/logs")

@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Node, Task
 from gpuflex.coordinator.relay import Relay
-from gpuflex.coordinator.routes.deployments import measured
 from gpuflex.coordinator.services import deployment_keys, deployments, verification
 from gpuflex.protocol import messages as m
 
@@ -43,7 +42,7 @@ def deployments_page(session: Session, account: Account, relay: Relay, now: floa
         keys = deployment_keys.of(session, deployment)
         rows.append(
             DeploymentRow(
-                info=measured(deployments.info(session, deployment, now), relay),
+                info=relay.measured(deployments.info(session, deployment, now)),
                 replicas=_replicas(session, deployment.id),
                 earned=sum(k.accrued for k in keys),
                 settled=sum(k.settled for k in keys),

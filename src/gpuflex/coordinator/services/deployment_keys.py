@@ -163,6 +163,8 @@ def settle_deployment(session: Session, deployment: Job, now: float) -> int:
 def _settle(session: Session, query, now: float) -> int:
     entries = 0
     for key in session.scalars(query.order_by(DeploymentKey.id)).all():
+        if accrued(key) <= key.settled_micro:
+            continue  # nothing served since its last batch: not locked, not written
         session.refresh(key, with_for_update=True)  # a batch at a time: two replicas never pay it twice
         due = accrued(key) - key.settled_micro
         if due <= 0:

@@ -201,6 +201,12 @@ def test_a_priced_key_is_paid_by_its_holder_to_the_owner_in_batches_never_past_i
     # 100 and 200 credits per 1M tokens: 100 micro-credits an input token, 200 an output one
     key = alice.create_key(d.id, holder="bob", price_in=100, price_out=200)
     assert (key.holder, key.price_in, key.price_out, key.accrued) == ("bob", 100, 200, 0)
+    assert key.key is None and not key.claimed  # the owner never holds a secret that bob pays for
+    with pytest.raises(NotFound, match=f"no API key {key.id} made for alice"):
+        alice.claim_key(key.id)
+    assert bob.claim_key(key.id).key.startswith("gfxkey_")
+    with pytest.raises(Conflict, match="claimed already"):
+        bob.claim_key(key.id)
     wallets = alice.balance().balance, bob.balance().balance
 
     for _ in range(3):  # 0.2 credits each; the most one request may cost: 2048 tokens at 200, 0.4096

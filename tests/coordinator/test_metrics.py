@@ -111,13 +111,13 @@ def test_a_scrape_still_answers_when_the_database_does_not(coordinator, tmp_path
 
 def test_gateway_refusals_are_counted_per_deployment_by_openai_error_type_and_status(coordinator, tmp_path):
     alice = coordinator.consumer("alice", deposit=5)
-    coordinator.consumer("bob")  # holds a priced key with an empty wallet
+    bob = coordinator.consumer("bob")  # holds a priced key with an empty wallet
     model = upload_served_model(alice, save_llama(tmp_path / "m", ["alpha beta. " * 20]))
     spec = DeploymentSpec.model_validate(
         {"name": "chat", "model": model.model_dump(exclude_none=True), "budget": 1}
     )
     d = alice.deploy(spec)
-    priced = alice.create_key(d.id, holder="bob", price_out=1).key  # bob's wallet is empty
+    priced = bob.claim_key(alice.create_key(d.id, holder="bob", price_out=1).id).key  # bob's wallet is empty
     own = alice.create_key(d.id).key  # no replica is placed: nobody serves it
     body = {"model": d.id, "messages": [{"role": "user", "content": "alpha"}], "max_tokens": 2}
     said = {}

@@ -102,15 +102,17 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         payer = Client(url, Client(url).create_account("payer").token)
         payer.deposit(1)
         priced = ("--for", "payer", "--price-in", "100", "--price-out", "200")
-        paying = re.search(r"gfxkey_[\w-]+", _cli("deployment", "key", "create", deployment, *priced, *who))[
-            0
-        ]
+        made = _cli("deployment", "key", "create", deployment, *priced, *who)
+        assert "gfxkey_" not in made  # only the payer sees the secret of a key it pays for
+        key_id = re.search(r"key\s+claim\s+(k-[0-9a-f]+)", made)[1]
+        claimed = _cli("deployment", "key", "claim", key_id, "--url", url, "--token", client_token(payer))
+        paying = re.search(r"gfxkey_[\w-]+", claimed)[0]
         bought = openai.OpenAI(base_url=f"{url}/v1", api_key=paying, max_retries=0, timeout=30)
         used = bought.chat.completions.create(model=deployment, messages=CHAT, max_tokens=6).usage
         cost = (used.prompt_tokens * 100 + used.completion_tokens * 200) / 1e6
-        Client(url).create_account("broke")
-        broke = client.create_key(deployment, holder="broke", price_out=1).key
-        unpaid = openai.OpenAI(base_url=f"{url}/v1", api_key=broke, max_retries=0, timeout=30)
+        broke = Client(url, Client(url).create_account("broke").token)
+        broke_key = broke.claim_key(client.create_key(deployment, holder="broke", price_out=1).id).key
+        unpaid = openai.OpenAI(base_url=f"{url}/v1", api_key=broke_key, max_retries=0, timeout=30)
         with pytest.raises(openai.APIStatusError, match="deposit credits") as refused:
             unpaid.chat.completions.create(model=deployment, messages=CHAT, max_tokens=6)
         assert refused.value.status_code == 402 and refused.value.body["type"] == "insufficient_quota"

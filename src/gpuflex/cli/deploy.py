@@ -1,5 +1,5 @@
 """Deployment commands: ``gpuflex deploy``, ``deployments``, ``chat``, and the ``deployment`` group
-(``show | logs | scale | stop | key create``)."""
+(``show | logs | scale | stop | key create | key claim``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
-from gpuflex.protocol.messages import DeploymentInfo
+from gpuflex.protocol.messages import DeploymentInfo, DeploymentKeyCreated
 from gpuflex.protocol.spec import JobSpec, describe_validation_error
 
 deployment_app = typer.Typer(help="Follow and manage one deployment.", no_args_is_help=True)
@@ -134,7 +134,7 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     columns = ("key", "holder", "requests", "prompt tokens", "completion tokens", "price in/out", "accrued")
     keys = table(*columns, "settled", ids=["key"], title="API keys (prices: credits per 1M tokens)")
     for k in d.keys:
-        key = f"{k.id} (account token)" if k.account_token else k.id
+        key = f"{k.id} (account token)" if k.account_token else k.id if k.claimed else f"{k.id} (unclaimed)"
         price = f"{k.price_in:g}/{k.price_out:g}"
         usage = (str(k.requests), str(k.prompt_tokens), str(k.completion_tokens))
         keys.add_row(key, k.holder, *usage, price, credits(k.accrued), credits(k.settled))
@@ -179,21 +179,47 @@ def create_key(
     token: Token = None,
 ) -> None:
     """An API key that reaches this deployment only: give it to an application (the openai client's
-    api_key, with base_url the coordinator's /v1). Shown this once. Given to another account (--for), it
-    pays you its prices per token, settled into the ledger in batches."""
+    api_key, with base_url the coordinator's /v1). Shown this once. Made for another account (--for), it
+    pays you its prices per token, settled into the ledger in batches, and only it sees the secret
+    (`gpuflex deployment key claim KEY_ID`, signed in as that account)."""
     target = resolve(url, token)
     k = target.client().create_key(deployment_id, holder, price_in, price_out)
+    if k.key is None:
+        console.print(
+            f"API key {k.id} of deployment {k.deployment_id} made for {k.holder}, who pays you "
+            f"{k.price_in:g}/{k.price_out:g} credits per 1M input/output tokens; "
+            f"{k.holder} gets its secret with `gpuflex deployment key claim {k.id}`",
+            highlight=False,
+        )
+        return
+    _print_key(k, target.url)
+
+
+@key_app.command("claim")
+def claim_key(
+    key_id: Annotated[str, typer.Argument(help="the key's id, as its deployment's owner told you")],
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """The secret of an API key another account's deployment made for you; you pay its prices per token.
+    Shown this once."""
+    target = resolve(url, token)
+    k = target.client().claim_key(key_id)
+    _print_key(k, target.url)
+    if k.price_in or k.price_out:
+        console.print(
+            f"you pay {k.price_in:g}/{k.price_out:g} credits per 1M input/output tokens from your wallet",
+            highlight=False,
+        )
+
+
+def _print_key(k: DeploymentKeyCreated, url: str) -> None:
     console.print(f"API key {k.id} of deployment {k.deployment_id} (shown once, store it):", highlight=False)
     typer.echo(k.key)
     console.print(
-        f'OpenAI(base_url="{target.url.rstrip("/")}/v1", api_key=KEY) with model="{k.deployment_id}"',
+        f'OpenAI(base_url="{url.rstrip("/")}/v1", api_key=KEY) with model="{k.deployment_id}"',
         highlight=False,
     )
-    if k.price_in or k.price_out:
-        console.print(
-            f"{k.holder} pays you {k.price_in:g}/{k.price_out:g} credits per 1M input/output tokens",
-            highlight=False,
-        )
 
 
 def chat(

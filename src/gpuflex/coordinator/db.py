@@ -23,6 +23,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    false,
     text,
 )
 from sqlalchemy.engine import Engine
@@ -115,8 +116,10 @@ class DeploymentKey(Base):
     """An API key scoped to one deployment (its sha256 kept, as an account token's is), and what was
     served with it, counted per request. ``account_id`` holds the key and pays its per-token prices
     (micro-credits per 1M tokens; 0 for its owner's own use) to the deployment's owner, in batches
-    (``deployment_keys.settle_due``): ``settled_micro`` of what its usage costs is paid so far. A row
-    with no ``token_hash`` counts what the owner's account token was served (made with the deployment)."""
+    (``deployment_keys.settle_due``): ``settled_micro`` of what its usage costs is paid so far. A key for
+    another account has no ``token_hash`` until that account claims it, so its owner never holds the
+    secret another pays for. The ``account_token`` row (no hash, made with the deployment) counts what
+    the owner's account token was served."""
 
     __tablename__ = "deployment_keys"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -131,6 +134,7 @@ class DeploymentKey(Base):
     price_out_micro: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     settled_micro: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     settled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    account_token: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Task(Base):

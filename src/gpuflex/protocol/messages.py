@@ -496,6 +496,7 @@ class KeyUsage(Message):
     completion_tokens: int
     holder: str = Field("", description="the account that holds the key and pays for its tokens")
     account_token: bool = Field(False, description="not a key: what the owner's account token was served")
+    claimed: bool = Field(True, description="False: a key for another account that it has not claimed yet")
     price_in: float = Field(0.0, description="credits per million input tokens")
     price_out: float = Field(0.0, description="credits per million output tokens")
     accrued: float = Field(0.0, description="what all its tokens cost at its prices")
@@ -504,7 +505,10 @@ class KeyUsage(Message):
 
 class DeploymentKeyCreated(KeyUsage):
     deployment_id: str
-    key: str = Field(description="the API key; shown once, store it (OpenAI clients send it as api_key)")
+    key: str | None = Field(
+        description="the API key; shown once, store it (OpenAI clients send it as api_key). None for a key "
+        "made for another account: only that account sees its secret, when it claims it"
+    )
 
 
 class DeploymentDetail(DeploymentInfo):

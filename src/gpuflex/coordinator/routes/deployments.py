@@ -23,6 +23,16 @@ def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.Deploymen
     return info
 
 
+@router.post("/keys/{key_id}/claim", responses=errors(404, 409))
+def claim_key(key_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentKeyCreated:
+    """The secret of an API key another account's deployment made for you (you pay its prices); shown
+    this once."""
+    with ctx.tx() as s:
+        claimed = deployment_keys.claim(s, account, key_id, ctx.now())
+    log.info("deployment key %s claimed", claimed.id, extra={"job_id": claimed.deployment_id})
+    return claimed
+
+
 @router.get("")
 def list_deployments(request: Request, account: Consumer, ctx: Ctx) -> list[m.DeploymentInfo]:
     with ctx.read() as s:
@@ -68,8 +78,9 @@ def stop(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
 def create_key(
     deployment_id: str, account: Consumer, ctx: Ctx, body: m.DeploymentKeyCreate | None = None
 ) -> m.DeploymentKeyCreated:
-    """An API key that reaches this deployment only (through the OpenAI gateway); shown this once. Given
-    to another account (``holder``) at prices per million tokens, that account pays them to you."""
+    """An API key that reaches this deployment only (through the OpenAI gateway); shown this once. Made
+    for another account (``holder``) at prices per million tokens, that account pays them to you, and
+    only it sees the secret (``POST /deployments/keys/{key_id}/claim``)."""
     with ctx.tx() as s:
         deployment = deployments.owned(s, account, deployment_id)
         created = deployment_keys.create(s, deployment, account, body or m.DeploymentKeyCreate(), ctx.now())

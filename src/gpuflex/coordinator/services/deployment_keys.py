@@ -3,10 +3,12 @@ account token, so a key handed to an application reaches that deployment and not
 
 Only a key's sha256 is kept (as an account token's). Each request served under a key counts on its row
 (requests, prompt and completion tokens), added in the database so concurrent requests all count; what
-the owner's account token is served counts on the deployment's account-token row (no hash, made with the
+the owner's account token is served counts on the deployment's account-token row (made with the
 deployment). Its owner sees them on ``deployment show``.
 
-A key may be held by another account at prices per million input and output tokens. Its usage is never
+A key may be made for another account (its holder) at prices per million input and output tokens. Its
+secret goes to the holder alone, when it claims the key (``claim``): the owner, who is paid, never holds
+a secret that another account pays for. Its usage is never
 paid per request: the holder pays the owner in batches (``settle_due``, a reaper duty every
 ``usage_settle_interval_s``, and ``settle_deployment`` when the deployment stops), one journal entry per
 key per batch, for the cost of its running totals less what was settled before. A request is refused
@@ -37,8 +39,8 @@ _PRICED = or_(DeploymentKey.price_in_micro > 0, DeploymentKey.price_out_micro > 
 def create(
     session: Session, deployment: Job, owner: Account, msg: m.DeploymentKeyCreate, now: float
 ) -> m.DeploymentKeyCreated:
-    """A new key of ``deployment`` (``owner``'s, already checked) for ``msg.holder`` at its prices, with
-    the secret shown this once."""
+    """A new key of ``deployment`` (``owner``'s, already checked) for ``msg.holder`` at its prices: the
+    owner's own with its secret shown this once; another account's without one (it claims it)."""
     if deployment.state not in OPEN_JOB_STATES:
         raise Conflict(f"deployment {deployment.id} has ended ({deployment.state}): it takes no new key")
     holder = owner if msg.holder in (None, owner.name) else _named(session, msg.holder)
@@ -47,27 +49,51 @@ def create(
             "a price is paid by another account: give the key to one (holder, `--for ACCOUNT`), "
             "or leave the price at 0 for your own use"
         )
-    secret = new_deployment_key()
-    key = _row(deployment, holder, now, token_hash(secret), to_micro(msg.price_in), to_micro(msg.price_out))
+    secret = new_deployment_key() if holder.id == owner.id else None
+    key = _row(deployment, holder, now, to_micro(msg.price_in), to_micro(msg.price_out))
+    key.token_hash = None if secret is None else token_hash(secret)
     session.add(key)
     said = f"API key {key.id} created"
     if holder.id != owner.id:
         said += f" for {holder.name} at {msg.price_in:g}/{msg.price_out:g} credits per 1M input/output tokens"
     session.add(JobEvent(job_id=deployment.id, at=now, message=said))
-    created = usage(key, holder.name)
-    return m.DeploymentKeyCreated(**created.model_dump(), deployment_id=deployment.id, key=secret)
+    return _shown(key, holder.name, secret)
+
+
+def claim(session: Session, account: Account, key_id: str, now: float) -> m.DeploymentKeyCreated:
+    """The secret of a key made for ``account``, shown this once; a key made for anyone else is as
+    unknown as a missing one."""
+    key = session.get(DeploymentKey, key_id, with_for_update=True)
+    if key is None or key.account_id != account.id or key.account_token:
+        raise NotFound(f"no API key {key_id} made for {account.name}")
+    if key.token_hash is not None:
+        raise Conflict(f"API key {key.id} was claimed already: its secret is shown once")
+    deployment = session.get(Job, key.deployment_id)
+    if deployment.state not in OPEN_JOB_STATES:
+        raise Conflict(f"deployment {deployment.id} has ended ({deployment.state}): its keys serve nothing")
+    secret = new_deployment_key()
+    key.token_hash = token_hash(secret)
+    session.add(JobEvent(job_id=deployment.id, at=now, message=f"API key {key.id} claimed by {account.name}"))
+    return _shown(key, account.name, secret)
+
+
+def _shown(key: DeploymentKey, holder: str, secret: str | None) -> m.DeploymentKeyCreated:
+    return m.DeploymentKeyCreated(
+        **usage(key, holder).model_dump(), deployment_id=key.deployment_id, key=secret
+    )
 
 
 def open_account_token_row(session: Session, deployment: Job, now: float) -> None:
     """The row that counts what the owner's account token is served (the gateway's ``count_account``)."""
-    session.add(_row(deployment, None, now, None))
+    row = _row(deployment, None, now)
+    row.account_token = True
+    session.add(row)
 
 
 def _row(
     deployment: Job,
     holder: Account | None,
     now: float,
-    hashed: str | None,
     price_in: int = 0,
     price_out: int = 0,
 ) -> DeploymentKey:
@@ -75,7 +101,8 @@ def _row(
         id=new_id("k"),
         deployment_id=deployment.id,
         account_id=deployment.account_id if holder is None else holder.id,
-        token_hash=hashed,
+        token_hash=None,  # the owner's own key's hash is set by ``create``; another's by ``claim``
+        account_token=False,
         created_at=now,
         requests=0,
         prompt_tokens=0,
@@ -108,7 +135,7 @@ def count(session: Session, key_id: str, prompt_tokens: int, completion_tokens: 
 
 def count_account(session: Session, deployment_id: str, prompt_tokens: int, completion_tokens: int) -> None:
     """One request served to the deployment's owner under its account token."""
-    where = (DeploymentKey.deployment_id == deployment_id) & DeploymentKey.token_hash.is_(None)
+    where = (DeploymentKey.deployment_id == deployment_id) & DeploymentKey.account_token
     _count(session, where, prompt_tokens, completion_tokens)
 
 
@@ -204,7 +231,8 @@ def usage(key: DeploymentKey, holder: str) -> m.KeyUsage:
         prompt_tokens=key.prompt_tokens,
         completion_tokens=key.completion_tokens,
         holder=holder,
-        account_token=key.token_hash is None,
+        account_token=key.account_token,
+        claimed=key.account_token or key.token_hash is not None,
         price_in=to_credits(key.price_in_micro),
         price_out=to_credits(key.price_out_micro),
         accrued=to_credits(accrued(key)),

@@ -1,5 +1,6 @@
-"""deployment keys: a holder account and per-token prices, settled into the ledger in batches; the owner's
-account-token usage on a row of its own (no token hash) per deployment
+"""deployment keys: a holder account and per-token prices, settled into the ledger in batches (a key for
+another account has no hash until its holder claims it); the owner's account-token usage on a row of its
+own per deployment (``account_token``)
 
 Revision ID: 0015
 Revises: 0013
@@ -24,6 +25,9 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("price_out_micro", sa.BigInteger(), nullable=False, server_default="0"))
         batch_op.add_column(sa.Column("settled_micro", sa.BigInteger(), nullable=False, server_default="0"))
         batch_op.add_column(sa.Column("settled_at", sa.Float(), nullable=True))
+        batch_op.add_column(
+            sa.Column("account_token", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
         batch_op.alter_column("token_hash", existing_type=sa.String(length=64), nullable=True)
     conn = op.get_bind()
     conn.execute(
@@ -38,10 +42,17 @@ def upgrade() -> None:
     for deployment_id, account_id, created_at in deployments:  # the owner's account-token usage row
         conn.execute(
             sa.text(
-                "INSERT INTO deployment_keys (id, deployment_id, account_id, token_hash, created_at, "
-                "requests, prompt_tokens, completion_tokens) VALUES (:id, :d, :a, NULL, :at, 0, 0, 0)"
+                "INSERT INTO deployment_keys (id, deployment_id, account_id, token_hash, account_token, "
+                "created_at, requests, prompt_tokens, completion_tokens) "
+                "VALUES (:id, :d, :a, NULL, :yes, :at, 0, 0, 0)"
             ),
-            {"id": f"k-{secrets.token_hex(6)}", "d": deployment_id, "a": account_id, "at": created_at},
+            {
+                "id": f"k-{secrets.token_hex(6)}",
+                "d": deployment_id,
+                "a": account_id,
+                "yes": True,
+                "at": created_at,
+            },
         )
     with op.batch_alter_table("deployment_keys", schema=None) as batch_op:
         batch_op.alter_column("account_id", existing_type=sa.String(length=32), nullable=False)
@@ -50,11 +61,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(sa.text("DELETE FROM deployment_keys WHERE token_hash IS NULL"))
+    op.execute(
+        sa.text("DELETE FROM deployment_keys WHERE token_hash IS NULL")
+    )  # account-token rows, unclaimed keys
     with op.batch_alter_table("deployment_keys", schema=None) as batch_op:
         batch_op.drop_index("ix_deployment_keys_account_id")
         batch_op.drop_constraint("fk_deployment_keys_account_id", type_="foreignkey")
         batch_op.alter_column("token_hash", existing_type=sa.String(length=64), nullable=False)
+        batch_op.drop_column("account_token")
         batch_op.drop_column("settled_at")
         batch_op.drop_column("settled_micro")
         batch_op.drop_column("price_out_micro")

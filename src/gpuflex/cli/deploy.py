@@ -17,7 +17,7 @@ from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
-from gpuflex.protocol.messages import DeploymentInfo, DeploymentKeyCreated
+from gpuflex.protocol.messages import DeploymentInfo, DeploymentKeyCreated, KeyUsage
 from gpuflex.protocol.spec import JobSpec, describe_validation_error
 
 deployment_app = typer.Typer(help="Follow and manage one deployment.", no_args_is_help=True)
@@ -134,11 +134,16 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     columns = ("key", "holder", "requests", "prompt tokens", "completion tokens", "price in/out", "accrued")
     keys = table(*columns, "settled", ids=["key"], title="API keys (prices: credits per 1M tokens)")
     for k in d.keys:
-        key = f"{k.id} (account token)" if k.account_token else k.id if k.claimed else f"{k.id} (unclaimed)"
         price = f"{k.price_in:g}/{k.price_out:g}"
         usage = (str(k.requests), str(k.prompt_tokens), str(k.completion_tokens))
-        keys.add_row(key, k.holder, *usage, price, credits(k.accrued), credits(k.settled))
+        keys.add_row(_key_label(k), k.holder, *usage, price, credits(k.accrued), credits(k.settled))
     console.print(keys)
+
+
+def _key_label(k: KeyUsage) -> str:
+    if k.account_token:
+        return f"{k.id} (account token)"
+    return k.id if k.claimed else f"{k.id} (unclaimed)"
 
 
 @deployment_app.command("logs")
@@ -185,9 +190,10 @@ def create_key(
     target = resolve(url, token)
     k = target.client().create_key(deployment_id, holder, price_in, price_out)
     if k.key is None:
+        pays = f"pays you {k.price_in:g}/{k.price_out:g} credits per 1M input/output tokens"
         console.print(
-            f"API key {k.id} of deployment {k.deployment_id} made for {k.holder}, who pays you "
-            f"{k.price_in:g}/{k.price_out:g} credits per 1M input/output tokens; "
+            f"API key {k.id} of deployment {k.deployment_id} made for {k.holder}, who "
+            f"{pays if k.price_in or k.price_out else 'uses it free'}; "
             f"{k.holder} gets its secret with `gpuflex deployment key claim {k.id}`",
             highlight=False,
         )

@@ -32,6 +32,8 @@ from gpuflex.protocol.relay import RelayCompletion, RelayEvent, RelayRequest, Re
 from gpuflex.serve.engine import Cancelled, Completion, Event, Usage
 from gpuflex.serve.sampling import SamplingParams
 
+Info = TypeVar("Info", bound=DeploymentInfo)
+
 if TYPE_CHECKING:
     from gpuflex.coordinator.broker import Broker
 
@@ -42,7 +44,6 @@ MAX_FAILOVERS = 3  # a request lost on this many replicas fails
 REMOTE = "@"  # a request's lease id, prefixed: its replica is held by another coordinator process
 START_S = 30.0  # a replica says whether it took a request (encoded, it fits) within this
 SILENCE_S = 60.0  # a request whose replica sends nothing for this long fails
-Info = TypeVar("Info", bound=DeploymentInfo)
 WINDOW_S = 60.0  # ``stats`` covers the requests served this long ago at most
 
 

@@ -470,7 +470,7 @@ class DeploymentInfo(Message):
     ttft_p99_ms: float | None = None
 
 
-# a key's price ceiling: credits per million tokens (keeps every product of tokens and price in 64 bits)
+# the most a key may charge, in credits per million tokens (a typo's price, not a business limit)
 MAX_TOKEN_PRICE = 1_000_000.0
 
 

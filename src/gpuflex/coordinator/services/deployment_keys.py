@@ -8,14 +8,13 @@ deployment). Its owner sees them on ``deployment show``.
 
 A key may be made for another account (its holder) at prices per million input and output tokens. Its
 secret goes to the holder alone, when it claims the key (``claim``): the owner, who is paid, never holds
-a secret that another account pays for. Its usage is never
-paid per request: the holder pays the owner in batches (``settle_due``, a reaper duty every
-``usage_settle_interval_s``, and ``settle_deployment`` when the deployment stops), one journal entry per
-key per batch, for the cost of its running totals less what was settled before. A request is refused
-with a 402 before it is served unless the holder's wallet covers what is owed plus the most that request
-can cost (``ensure_payable``). Requests in flight together may still owe more than the wallet holds by
-the time they settle: a batch never takes more than the wallet has, and the key is refused until the
-rest is paid.
+a secret that another account pays for. Its usage is never paid per request: the holder pays the owner
+in batches (``settle_due``, a reaper duty every ``usage_settle_interval_s``, and ``settle_deployment``
+when the deployment stops), one journal entry per key per batch, for the cost of its running totals less
+what was settled before. A request is refused with a 402 before it is served unless the holder's wallet
+covers what is owed plus the most that request can cost (``ensure_payable``). Requests in flight
+together may still owe more than the wallet holds by the time they settle: a batch never takes more
+than the wallet has, and the key is refused until the rest is paid.
 """
 
 from __future__ import annotations

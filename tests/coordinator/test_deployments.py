@@ -7,13 +7,17 @@ import time
 
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import update
+from sqlalchemy import select, update
+from typer.testing import CliRunner
 
 from gpuflex.cli.deploy import upload_served_model
 from gpuflex.cli.jobs import upload_model
+from gpuflex.cli.main import app
 from gpuflex.coordinator.app import reap_once
-from gpuflex.coordinator.db import Job
+from gpuflex.coordinator.db import Account, Job
+from gpuflex.coordinator.services import deployment_keys, ledger
 from gpuflex.errors import BadRequest, Conflict, InsufficientFunds, NotFound
+from gpuflex.ledger import accounts
 from gpuflex.market.matching import Requirements
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.deployment import DeploymentSpec
@@ -169,3 +173,75 @@ def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refus
     assert (pinned.job, pinned.checkpoint, pinned.training.recipe) == (hf.id, "c" * 64, "hf-causal-lm")
     assert pinned.size == alice.job(hf.id).spec.training.model.size
     assert alice.deployments()[0].model == f"job {hf.id} (checkpoint cccccccccccc)"
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    deployed = CliRunner().invoke(
+        app, ["deploy", hf.id[:5], "--budget", "0.1", "--url", coordinator.url, "--token", token]
+    )
+    assert deployed.exit_code == 0, deployed.output
+    assert alice.deployments()[-1].name == "h"  # the job's name, not the prefix it was given by
+
+
+def _serve(coordinator, key_id: str, prompt_tokens: int, completion_tokens: int) -> None:
+    """What the gateway does as a request is let through and served under the key (a replica's job)."""
+    with coordinator.ctx.tx() as s:
+        deployment_keys.ensure_payable(s, key_id, context=2048)
+    with coordinator.ctx.tx() as s:
+        deployment_keys.count(s, key_id, prompt_tokens, completion_tokens)
+
+
+def test_a_priced_key_is_paid_by_its_holder_to_the_owner_in_batches_never_past_its_wallet(
+    coordinator, model_dir
+):
+    alice, bob = coordinator.consumer("alice", deposit=5), coordinator.consumer("bob", deposit=1)
+    d = alice.deploy(spec(upload_served_model(alice, model_dir)))
+    with pytest.raises(BadRequest, match="paid by another account"):
+        alice.create_key(d.id, price_out=1)
+    with pytest.raises(NotFound, match="no account named 'carol'"):
+        alice.create_key(d.id, holder="carol", price_in=1)
+    # 100 and 200 credits per 1M tokens: 100 micro-credits an input token, 200 an output one
+    key = alice.create_key(d.id, holder="bob", price_in=100, price_out=200)
+    assert (key.holder, key.price_in, key.price_out, key.accrued) == ("bob", 100, 200, 0)
+    assert key.key is None and not key.claimed  # the owner never holds a secret that bob pays for
+    with pytest.raises(NotFound, match=f"no API key {key.id} made for alice"):
+        alice.claim_key(key.id)
+    assert bob.claim_key(key.id).key.startswith("gfxkey_")
+    with pytest.raises(Conflict, match="claimed already"):
+        bob.claim_key(key.id)
+    wallets = alice.balance().balance, bob.balance().balance
+
+    for _ in range(3):  # 0.2 credits each; the most one request may cost: 2048 tokens at 200, 0.4096
+        _serve(coordinator, key.id, 1000, 500)
+    with pytest.raises(InsufficientFunds, match=r"holds 1.00 credits, owes 0.60 .* up to 0.4096"):
+        _serve(coordinator, key.id, 1000, 500)  # 0.4 owed + 0.4096 fit in 1 credit; 0.6 + 0.4096 do not
+    reap_once(coordinator.ctx)  # not due yet: a batch is at most every usage_settle_interval_s
+    assert bob.balance().balance == wallets[1]
+    coordinator.clock.advance(61)
+    reap_once(coordinator.ctx)
+    reap_once(coordinator.ctx)  # nothing new owed: no second entry
+    assert (alice.balance().balance, bob.balance().balance) == pytest.approx((wallets[0] + 0.6, 0.4))
+    bob.deposit(0.6)
+    _serve(coordinator, key.id, 1000, 500)
+    _serve(coordinator, key.id, 0, 1000)
+    stopped = alice.stop_deployment(d.id)  # settles what the keys owe now: 0.4
+    assert bob.balance().balance == pytest.approx(0.6)
+    assert alice.balance().balance == pytest.approx(wallets[0] + 0.6 + 0.4 + stopped.budget - stopped.spent)
+
+    with coordinator.ctx.tx() as s:  # a long request in flight at the stop, served after it: 1 credit
+        deployment_keys.count(s, key.id, 0, 5000)
+    coordinator.clock.advance(61)
+    reap_once(coordinator.ctx)  # bob pays what his wallet holds, never more
+    assert bob.balance().balance == 0
+    account_token, shown = alice.deployment(d.id).keys
+    assert (shown.requests, shown.accrued, shown.settled) == (6, pytest.approx(2.0), pytest.approx(1.6))
+    assert account_token.account_token and account_token.holder == "alice" and account_token.requests == 0
+    with coordinator.ctx.tx() as s:
+        bob_wallet = accounts.consumer(s.scalars(select(Account.id).where(Account.name == "bob")).one())
+        usage = [e for e in ledger.entries(s) if e.kind == "usage"]
+    assert [dict(e.postings)[bob_wallet] for e in usage] == [
+        -600_000,
+        -400_000,
+        -600_000,
+    ]  # one entry a batch
+    assert all(key.id in e.memo and d.id in e.memo for e in usage)
+    public_key = coordinator.ctx.ledger_key.public_key_hex
+    assert check_invariants(coordinator.ctx.settings.database_url, ledger_public_key=public_key) == []

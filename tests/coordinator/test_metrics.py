@@ -1,5 +1,5 @@
-"""``GET /metrics``: what happened (counters), how long requests took (by route template), and the
-database's jobs and nodes by state, read at scrape time."""
+"""``GET /metrics``: what happened (counters), how long requests took (by route template), what the
+OpenAI gateway refused per deployment, and the database's jobs and nodes by state, read at scrape time."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from dataclasses import replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuflex.cli.deploy import upload_served_model
 from gpuflex.coordinator.app import create_app, reap_once
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.protocol import messages as m
+from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec
+from gpuflex.testing import save_llama
 
 CORPUS = b"corpus " * 2000
 MODEL = b"\x00" * 4096
@@ -104,3 +107,38 @@ def test_a_scrape_still_answers_when_the_database_does_not(coordinator, tmp_path
     samples = _parse(create_app(ctx=ctx).state.metrics.exposition().decode())
     assert _value(samples, "gpuflex_database_up") == 0
     assert not any(name == "gpuflex_jobs" for name, _ in samples)
+
+
+def test_gateway_refusals_are_counted_per_deployment_by_openai_error_type_and_status(coordinator, tmp_path):
+    alice = coordinator.consumer("alice", deposit=5)
+    bob = coordinator.consumer("bob")  # holds a priced key with an empty wallet
+    model = upload_served_model(alice, save_llama(tmp_path / "m", ["alpha beta. " * 20]))
+    spec = DeploymentSpec.model_validate(
+        {"name": "chat", "model": model.model_dump(exclude_none=True), "budget": 1}
+    )
+    d = alice.deploy(spec)
+    priced = bob.claim_key(alice.create_key(d.id, holder="bob", price_out=1).id).key  # bob's wallet is empty
+    own = alice.create_key(d.id).key  # no replica is placed: nobody serves it
+    body = {"model": d.id, "messages": [{"role": "user", "content": "alpha"}], "max_tokens": 2}
+    said = {}
+    for name, key, model_name in (
+        ("unpaid", priced, d.id),
+        ("unserved", own, d.id),
+        ("unknown", own, "nope"),
+    ):
+        headers = {"Authorization": f"Bearer {key}"}
+        response = coordinator.http.post(
+            "/v1/chat/completions", json={**body, "model": model_name}, headers=headers
+        )
+        said[name] = (response.status_code, response.json()["error"]["type"])
+    assert said == {
+        "unpaid": (402, "insufficient_quota"),
+        "unserved": (503, "invalid_request_error"),
+        "unknown": (404, "invalid_request_error"),
+    }
+    samples = _scrape(coordinator.http)
+    errors = "gpuflex_deployment_errors_total"
+    assert _value(samples, errors, deployment=d.id, type="insufficient_quota", status="402") == 1
+    assert _value(samples, errors, deployment=d.id, type="invalid_request_error", status="503") == 1
+    assert _value(samples, errors, deployment="unknown", type="invalid_request_error", status="404") == 1
+    assert _value(samples, "gpuflex_deployment_requests_total", deployment=d.id) == 0  # none was served

@@ -2,23 +2,30 @@
 --model DIR` uploads a saved llama, a community agent leases its replica, loads it from its cache and holds
 the relay open from its side; the official `openai` client then chats (streamed and not) and completes
 with a deployment key, whose usage `deployment show` counts; a wrong key, another deployment's key, an
-unknown model and a prompt past the context are each an OpenAI error object, and none is counted. With
-`--audit-rate 1` the core node re-checks every request the community replica served, and passes them
-all. When the replica's node is killed (`kill -9`), the replica is placed again on the community node
-left, which serves an int8 copy of the model (`--adversary serve-int8`): the core node's audit convicts
-it, it is slashed and barred, and the replica is placed again, on the core node, and serves."""
+unknown model and a prompt past the context are each an OpenAI error object, and none is counted; the
+owner's `gpuflex chat` counts on its account-token row; a key held by another account at a price per
+token is paid to the owner when the deployment stops, and one whose holder cannot pay is a 402; the
+deployment's Prometheus series count what was served and refused. With `--audit-rate 1` the core node
+re-checks every request the community replica served, and passes them all. When the replica's node is
+killed (`kill -9`), the replica is placed again on the community node left, which serves an int8 copy of
+the model (`--adversary serve-int8`): the core node's audit convicts it, it is slashed and barred, and the
+replica is placed again, on the core node, and serves."""
 
 from __future__ import annotations
 
 import re
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from gpuflex.auth.signing import NodeKey
 from gpuflex.cli.main import app
 from gpuflex.client import Client, NodeClient
+from gpuflex.ledger.export import from_export
+from gpuflex.ledger.journal import balances, verify_chain
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.testing import save_llama, wait_for
 
@@ -98,11 +105,57 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
             assert refused.value.body["message"] and refused.value.status_code < 500
         client.stop_deployment(other.id)  # it waited for a node, and would take the next one
 
-        # the owner's account token: served, not counted on the key
+        # the owner's account token: served, counted on the deployment's account-token row, not the key
         chatted = CliRunner().invoke(app, ["chat", "my-model", *who], input="alpha beta\n\n")
         assert chatted.exit_code == 0 and chatted.output.count("you>") == 2, chatted.output
+
+        # a key held by another account at a price per token: its holder pays the owner when it stops
+        payer = Client(url, Client(url).create_account("payer").token)
+        payer.deposit(1)
+        priced = ("--for", "payer", "--price-in", "100", "--price-out", "200")
+        made = _cli("deployment", "key", "create", deployment, *priced, *who)
+        assert "gfxkey_" not in made  # only the payer sees the secret of a key it pays for
+        key_id = re.search(r"key\s+claim\s+(k-[0-9a-f]+)", made)[1]
+        claimed = _cli("deployment", "key", "claim", key_id, "--url", url, "--token", client_token(payer))
+        paying = re.search(r"gfxkey_[\w-]+", claimed)[0]
+        bought = openai.OpenAI(base_url=f"{url}/v1", api_key=paying, max_retries=0, timeout=30)
+        used = bought.chat.completions.create(model=deployment, messages=CHAT, max_tokens=6).usage
+        cost = (used.prompt_tokens * 100 + used.completion_tokens * 200) / 1e6
+        broke = Client(url, Client(url).create_account("broke").token)
+        broke_key = broke.claim_key(client.create_key(deployment, holder="broke", price_out=1).id).key
+        unpaid = openai.OpenAI(base_url=f"{url}/v1", api_key=broke_key, max_retries=0, timeout=30)
+        with pytest.raises(openai.APIStatusError, match="deposit credits") as refused:
+            unpaid.chat.completions.create(model=deployment, messages=CHAT, max_tokens=6)
+        assert refused.value.status_code == 402 and refused.value.body["type"] == "insufficient_quota"
+
         shown = client.deployment(deployment)
-        assert [(k.requests, k.completion_tokens > 0) for k in shown.keys] == [(4, True)]  # 3 + the probe
+        served = [(k.holder, k.account_token, k.requests, k.completion_tokens > 0) for k in shown.keys]
+        assert served == [  # the key: 3 + the probe; the account token: one chat turn
+            ("it", True, 1, True),
+            ("it", False, 4, True),
+            ("payer", False, 1, True),
+            ("broke", False, 0, False),
+        ]
+        assert shown.keys[2].accrued == pytest.approx(cost) and shown.keys[2].settled == 0
+        metrics = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+            for s in family.samples
+        }
+        label = (("deployment", shown.id),)
+        # every request served, on a key or the account token, once (a probe before the replica served is not)
+        served_total = sum(k.requests for k in shown.keys)
+        assert metrics[("gpuflex_deployment_requests_total", label)] == served_total
+        assert metrics[("gpuflex_deployment_request_duration_seconds_count", label)] == served_total
+        tokens = [
+            metrics[("gpuflex_deployment_tokens_total", (*label, ("kind", k)))] for k in ("input", "output")
+        ]
+        assert tokens == [
+            sum(k.prompt_tokens for k in shown.keys),
+            sum(k.completion_tokens for k in shown.keys),
+        ]
+        refusals = ("deployment", shown.id), ("status", "402"), ("type", "insufficient_quota")
+        assert metrics[("gpuflex_deployment_errors_total", refusals)] == 1
         assert (shown.state, shown.live_replicas) == ("running", 1)
         assert shown.requests_per_s >= 5 / 60 and shown.tokens_per_s > 0 and 0 < shown.ttft_p50_ms < 10_000
         listed = _cli("deployments", *who)
@@ -111,8 +164,7 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         # every request was audited by the core node, and passed: no false positive, nothing billed twice
         wait_for(lambda: client.deployment(deployment).audits.pending == 0, 120, "the audits to be judged")
         shown = client.deployment(deployment)
-        assert [k.requests for k in shown.keys] == [4]  # and the owner's chat, not on the key: 5 served
-        assert (shown.audits.passed, shown.audits.failed, shown.verdicts) == (5, 0, [])
+        assert (shown.audits.passed, shown.audits.failed, shown.verdicts) == (served_total, 0, [])
 
         # a lost replica is placed again, on the community node that is left: a cheater
         net.start_agent("c1", price=0.3, extra=["--adversary", "serve-int8"])
@@ -145,5 +197,10 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         wait_for(lambda: _served(gateway, deployment), 120, "the core node's replica to serve")
         shown = _cli("deployment", "show", deployment, *who)
         assert "inference-audit" in shown and "guilty" in shown and "failed" in shown
-        stopped = client.stop_deployment(deployment)
-        assert client.balance().balance == pytest.approx(5 - stopped.spent)
+        stopped = client.stop_deployment(deployment)  # the payer's tokens are settled with it
+        assert client.balance().balance == pytest.approx(5 - stopped.spent + cost, abs=1e-6)
+        assert payer.balance().balance == pytest.approx(1 - cost, abs=1e-6)
+        assert [k.settled for k in client.deployment(deployment).keys][2] == pytest.approx(cost, abs=1e-6)
+        journal = from_export(client.ledger())
+        assert verify_chain(journal).ok and sum(balances(journal).values()) == 0
+        assert [e.kind for e in journal].count("usage") == 1  # one entry for the payer's key, at the stop

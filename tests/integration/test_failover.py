@@ -59,7 +59,8 @@ def test_a_replica_killed_mid_request_costs_the_client_nothing(tmp_path: Path):
             *who,
         )
         deployment = re.search(r"deployed (d-[0-9a-f]+)", out)[1]
-        key = client.create_key(deployment).key
+        created = client.create_key(deployment)
+        key = created.key
         gateway = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
         wait_for(lambda: _served(gateway, deployment), 120, "a replica to serve")
         wait_for(lambda: _serving(net, "c0") and _serving(net, "c1"), 120, "both replicas to serve")
@@ -74,7 +75,11 @@ def test_a_replica_killed_mid_request_costs_the_client_nothing(tmp_path: Path):
         n = reference.usage.completion_tokens
         assert n > 100  # long enough (seconds on 2 cores) that the kill lands mid-request
         expected = reference.choices[0].text
-        counted = client.deployment(deployment).keys[0].completion_tokens
+
+        def on_key() -> int:
+            return next(k.completion_tokens for k in client.deployment(deployment).keys if k.id == created.id)
+
+        counted = on_key()
 
         with ThreadPoolExecutor(2) as pool:
             streams = [ask(SEED, stream=True, stream_options={"include_usage": True}) for _ in range(2)]
@@ -95,4 +100,4 @@ def test_a_replica_killed_mid_request_costs_the_client_nothing(tmp_path: Path):
                 done = answer.result(timeout=120)
                 assert done.choices[0].text == expected and done.usage.completion_tokens == n
         # the four counted once each on the key: none of the killed replica's tokens twice, none lost
-        assert client.deployment(deployment).keys[0].completion_tokens - counted == 4 * n
+        assert on_key() - counted == 4 * n

@@ -19,8 +19,9 @@ import pytest
 
 from gpuflex.client import Client
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
+from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec
-from gpuflex.testing import small_job, wait_for, write_corpus
+from gpuflex.testing import save_llama, small_job, wait_for, write_corpus
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -151,6 +152,26 @@ def _visit_job(page, url: str, job_id: str) -> None:
     _shot(page, "job")
 
 
+def _deploy(alice: Client, directory: Path) -> str:
+    """A deployment no agent takes (it offers less than any asks): its page shows a replica waiting."""
+    from gpuflex.cli.deploy import upload_served_model
+
+    model = upload_served_model(alice, save_llama(directory, ["alpha beta. " * 20]))
+    body = {"name": "browser-chat", "model": model.model_dump(exclude_none=True), "budget": 0.5}
+    return alice.deploy(DeploymentSpec.model_validate({**body, "max_price_per_hour": 0.01})).id
+
+
+def _visit_deployments(page, url: str, deployment_id: str) -> None:
+    page.goto(f"{url}/dashboard/jobs")
+    page.click("nav a[href='/dashboard/deployments']")
+    page.wait_for_url(f"{url}/dashboard/deployments")
+    shown = page.inner_text(f"[data-deployment='{deployment_id}']")
+    assert "browser-chat" in shown and "waiting for a node" in shown, shown
+    assert "Verdicts" in shown and "none yet" in shown, shown
+    assert page.inner_text(f"[data-deployment='{deployment_id}'] [data-field=replicas]") == "0 / 1"
+    _shot(page, "deployments")
+
+
 def _visit_ledger(page, url: str, job_id: str) -> None:
     page.goto(f"{url}/dashboard/ledger")
     assert "chain verified" in page.inner_text("#chain-status")
@@ -160,10 +181,10 @@ def _visit_ledger(page, url: str, job_id: str) -> None:
 
 def _as_bob(page, url: str, bob_token: str, job_id: str) -> None:
     _sign_in(page, url, bob_token)
-    for path in ("/dashboard", "/dashboard/jobs", "/dashboard/ledger"):
+    for path in ("/dashboard", "/dashboard/jobs", "/dashboard/deployments", "/dashboard/ledger"):
         page.goto(f"{url}{path}")
         text = page.inner_text("body")
-        assert "browser-gpt" not in text and job_id not in text, path
+        assert "browser-gpt" not in text and job_id not in text and "browser-chat" not in text, path
     response = page.goto(f"{url}/dashboard/jobs/{job_id}")
     assert response.status == 404 and "Not found" in page.inner_text("h1")
     _shot(page, "another-consumer-404")
@@ -197,6 +218,7 @@ def test_every_page_in_a_real_browser_while_a_job_runs(tmp_path):
     write_corpus(tmp_path / "data")
     with LocalNetwork(tmp_path / "net", settings=SETTINGS) as net:
         alice, alice_token, bob_token, job_id = _start(net, tmp_path / "data")
+        deployment_id = _deploy(alice, tmp_path / "model")
         url = net.url
         link = _gpuflex("provider", "dashboard", "--data-dir", str(net.root / "agents" / "c0"), "--url", url)
         with sync_playwright() as p:
@@ -210,6 +232,7 @@ def test_every_page_in_a_real_browser_while_a_job_runs(tmp_path):
             _visit_overview(alice_page, url)
             _visit_providers(alice_page, url)
             _visit_job(alice_page, url, job_id)
+            _visit_deployments(alice_page, url, deployment_id)
             _visit_ledger(alice_page, url, job_id)
             _as_bob(browser.new_context(**view).new_page(), url, bob_token, job_id)
             _as_provider(browser.new_context(**view).new_page(), link.strip(), job_id)

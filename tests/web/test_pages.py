@@ -7,12 +7,14 @@ import re
 import pytest
 from sqlalchemy import update
 
+from gpuflex.cli.deploy import upload_served_model
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import JournalEntry
 from gpuflex.coordinator.web.stats import ddp_bytes
 from gpuflex.protocol import messages as m
+from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec
-from gpuflex.testing import register_node
+from gpuflex.testing import register_node, save_llama
 
 from .helpers import MODEL_PARAMS, text_of
 
@@ -259,3 +261,27 @@ def test_a_dp_jobs_page_shows_the_epsilon_spent_its_target_and_delta(web):
     rounds = alice.job(job.id).privacy.rounds
     shown = f"> Privacy (ε spent) 0.000 target 6.0 · δ 1e-05 · clip 0.5 · noise ×1.5 · {rounds} rounds Loss"
     assert shown in tile, tile
+
+
+def test_the_deployments_page_shows_replicas_nodes_traffic_spend_and_verdicts_to_their_owner_only(
+    web, tmp_path
+):
+    alice, alice_token = web.consumer("alice", deposit=5)
+    _, bob_token = web.consumer("bob")
+    model = upload_served_model(alice, save_llama(tmp_path / "m", ["alpha beta. " * 20]))
+    body = {"name": "web-chat", "model": model.model_dump(exclude_none=True), "replicas": 2, "budget": 1}
+    d = alice.deploy(DeploymentSpec.model_validate({**body, "max_price_per_hour": 0.5}))
+    assert web.node("box-0", price=0.1).lease() is not None  # one replica runs; one node takes one replica
+
+    html = web.sign_in(alice_token).get("/dashboard/deployments").text
+    assert 'href="/dashboard/deployments" class="active"' in html  # linked from the nav
+    shown = text_of(html, f"deployment-{d.id}")
+    replicas = re.findall(r"<tr><td>(\d)</td><td>(\w+)</td>\s*<td>([^<]*)", shown)
+    assert replicas == [("0", "leased", "box-0 "), ("1", "pending", "")] and "waiting for a node" in shown
+    tiles = dict(re.findall(r'data-field="(\w+)">([^<]*)<', shown))
+    assert tiles["replicas"] == "1 / 2" and tiles["rps"] == tiles["tps"] == tiles["latency"] == "–"
+    assert "of 1" in shown and "keys earned 0" in shown  # spend vs budget; nothing served under a key
+    assert "Verdicts" in shown and "none yet" in shown
+    other = web.sign_in(bob_token).get("/dashboard/deployments").text
+    assert "web-chat" not in other and d.id not in other and "No deployments yet" in other
+    assert web.browser().get("/dashboard/deployments").status_code == 303  # signed out: to sign in

@@ -1,5 +1,5 @@
 """Deployment commands: ``gpuflex deploy``, ``deployments``, ``chat``, and the ``deployment`` group
-(``show | logs | scale | stop | key create``)."""
+(``show | logs | scale | stop | key create | key claim``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
-from gpuflex.protocol.messages import DeploymentInfo
+from gpuflex.protocol.messages import DeploymentInfo, DeploymentKeyCreated, KeyUsage
 from gpuflex.protocol.spec import JobSpec, describe_validation_error
 
 deployment_app = typer.Typer(help="Follow and manage one deployment.", no_args_is_help=True)
@@ -68,8 +68,10 @@ def deploy(
     if (job_id is None) == (model is None):
         raise BadRequest("name a job to serve, or give --model DIR: one of the two")
     client = consumer_client(url, token)
-    served = DeployedModel(job=job_id) if job_id is not None else upload_served_model(client, model)
-    default_name = job_id if model is None else model.expanduser().resolve().name
+    if job_id is not None:  # named after the job, never after the prefix it was given by
+        served, default_name = DeployedModel(job=job_id), client.job(job_id).name
+    else:
+        served, default_name = upload_served_model(client, model), model.expanduser().resolve().name
     fields = {
         "name": name or default_name,
         "model": served.model_dump(exclude_none=True),
@@ -140,9 +142,12 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     for c in d.costs:
         costs.add_row(c.node_id, c.name, c.kind, f"{c.seconds:.1f}", f"{c.cost:.6f}")
     console.print(costs)
-    keys = table("key", "requests", "prompt tokens", "completion tokens", ids=["key"], title="API keys")
+    columns = ("key", "holder", "requests", "prompt tokens", "completion tokens", "price in/out", "accrued")
+    keys = table(*columns, "settled", ids=["key"], title="API keys (prices: credits per 1M tokens)")
     for k in d.keys:
-        keys.add_row(k.id, str(k.requests), str(k.prompt_tokens), str(k.completion_tokens))
+        price = f"{k.price_in:g}/{k.price_out:g}"
+        usage = (str(k.requests), str(k.prompt_tokens), str(k.completion_tokens))
+        keys.add_row(_key_label(k), k.holder, *usage, price, credits(k.accrued), credits(k.settled))
     console.print(keys)
     a = d.audits
     console.print(
@@ -152,6 +157,12 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     )
     if d.verdicts:
         console.print(verdict_table(d.verdicts, "audit"))
+
+
+def _key_label(k: KeyUsage) -> str:
+    if k.account_token:
+        return f"{k.id} (account token)"
+    return k.id if k.claimed else f"{k.id} (unclaimed)"
 
 
 @deployment_app.command("logs")
@@ -180,15 +191,58 @@ def stop(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> N
 
 
 @key_app.command("create")
-def create_key(deployment_id: DeploymentId, url: Url = None, token: Token = None) -> None:
+def create_key(
+    deployment_id: DeploymentId,
+    holder: Annotated[
+        str | None,
+        typer.Option("--for", help="the account (its name) that holds the key and pays its prices"),
+    ] = None,
+    price_in: Annotated[float, typer.Option(min=0, help="credits per 1M input tokens, paid to you")] = 0.0,
+    price_out: Annotated[float, typer.Option(min=0, help="credits per 1M output tokens, paid to you")] = 0.0,
+    url: Url = None,
+    token: Token = None,
+) -> None:
     """An API key that reaches this deployment only: give it to an application (the openai client's
-    api_key, with base_url the coordinator's /v1). Shown this once."""
+    api_key, with base_url the coordinator's /v1). Shown this once. Made for another account (--for), it
+    pays you its prices per token, settled into the ledger in batches, and only it sees the secret
+    (`gpuflex deployment key claim KEY_ID`, signed in as that account)."""
     target = resolve(url, token)
-    k = target.client().create_key(deployment_id)
+    k = target.client().create_key(deployment_id, holder, price_in, price_out)
+    if k.key is None:
+        pays = f"pays you {k.price_in:g}/{k.price_out:g} credits per 1M input/output tokens"
+        console.print(
+            f"API key {k.id} of deployment {k.deployment_id} made for {k.holder}, who "
+            f"{pays if k.price_in or k.price_out else 'uses it free'}; "
+            f"{k.holder} gets its secret with `gpuflex deployment key claim {k.id}`",
+            highlight=False,
+        )
+        return
+    _print_key(k, target.url)
+
+
+@key_app.command("claim")
+def claim_key(
+    key_id: Annotated[str, typer.Argument(help="the key's id, as its deployment's owner told you")],
+    url: Url = None,
+    token: Token = None,
+) -> None:
+    """The secret of an API key another account's deployment made for you; you pay its prices per token.
+    Shown this once."""
+    target = resolve(url, token)
+    k = target.client().claim_key(key_id)
+    _print_key(k, target.url)
+    if k.price_in or k.price_out:
+        console.print(
+            f"you pay {k.price_in:g}/{k.price_out:g} credits per 1M input/output tokens from your wallet",
+            highlight=False,
+        )
+
+
+def _print_key(k: DeploymentKeyCreated, url: str) -> None:
     console.print(f"API key {k.id} of deployment {k.deployment_id} (shown once, store it):", highlight=False)
     typer.echo(k.key)
     console.print(
-        f'OpenAI(base_url="{target.url.rstrip("/")}/v1", api_key=KEY) with model="{k.deployment_id}"',
+        f'OpenAI(base_url="{url.rstrip("/")}/v1", api_key=KEY) with model="{k.deployment_id}"',
         highlight=False,
     )
 

@@ -111,9 +111,19 @@ class Client:
         response = self.http.request("POST", f"/v1/deployments/{deployment_id}/stop")
         return m.DeploymentInfo.model_validate(response.json())
 
-    def create_key(self, deployment_id: str) -> m.DeploymentKeyCreated:
-        """An API key scoped to the deployment, for OpenAI clients; its secret is shown this once."""
-        response = self.http.request("POST", f"/v1/deployments/{deployment_id}/keys")
+    def create_key(
+        self, deployment_id: str, holder: str | None = None, price_in: float = 0.0, price_out: float = 0.0
+    ) -> m.DeploymentKeyCreated:
+        """An API key scoped to the deployment, for OpenAI clients; its secret is shown this once. Made
+        for the account named ``holder``, that account pays the prices (credits per million input and
+        output tokens) to this one, and only it gets the secret (``claim_key``)."""
+        body = m.DeploymentKeyCreate(holder=holder, price_in=price_in, price_out=price_out)
+        response = self.http.request("POST", f"/v1/deployments/{deployment_id}/keys", json=body.model_dump())
+        return m.DeploymentKeyCreated.model_validate(response.json())
+
+    def claim_key(self, key_id: str) -> m.DeploymentKeyCreated:
+        """The secret of a key another account's deployment made for this account; shown this once."""
+        response = self.http.request("POST", f"/v1/deployments/keys/{key_id}/claim")
         return m.DeploymentKeyCreated.model_validate(response.json())
 
     def offers(self, query: str = "", order: str = "") -> list[m.Offer]:

@@ -46,9 +46,9 @@ from gpuflex.coordinator.routes import (
     tasks,
 )
 from gpuflex.coordinator.routes.openai import create_router
+from gpuflex.coordinator.services import deployment_keys, leases, liveness, payouts, registry
 from gpuflex.coordinator.services import governance as governance_service
 from gpuflex.coordinator.services import jobs as job_service
-from gpuflex.coordinator.services import leases, liveness, payouts, registry
 from gpuflex.coordinator.services import market as market_service
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import GPUFlexError, RateLimited, Unauthorized
@@ -102,6 +102,7 @@ def reap_once(
         ),
         lambda s, now: market_service.place_pending(s, ctx.settings, now),
         lambda s, now: payouts.release_due(s, now, audit_window_s=ctx.settings.audit_window_s),
+        lambda s, now: deployment_keys.settle_due(s, now, interval_s=ctx.settings.usage_settle_interval_s),
         lambda s, now: registry.prune_nonces(s, ctx.settings, now),
     )
     for duty in duties:

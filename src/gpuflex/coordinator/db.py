@@ -23,6 +23,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    false,
     text,
 )
 from sqlalchemy.engine import Engine
@@ -113,16 +114,27 @@ class Job(Base):
 
 class DeploymentKey(Base):
     """An API key scoped to one deployment (its sha256 kept, as an account token's is), and what was
-    served with it: counted per request, for its owner to see (billing per token comes later)."""
+    served with it, counted per request. ``account_id`` holds the key and pays its per-token prices
+    (micro-credits per 1M tokens; 0 for its owner's own use) to the deployment's owner, in batches
+    (``deployment_keys.settle_due``): ``settled_micro`` of what its usage costs is paid so far. A key for
+    another account has no ``token_hash`` until that account claims it, so its owner never holds the
+    secret another pays for. The ``account_token`` row (no hash, made with the deployment) counts what
+    the owner's account token was served."""
 
     __tablename__ = "deployment_keys"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     deployment_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
-    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    token_hash: Mapped[str | None] = mapped_column(String(64), unique=True, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    price_in_micro: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    price_out_micro: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    settled_micro: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    settled_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    account_token: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Task(Base):

@@ -5,6 +5,9 @@ Each app has its own registry (tests build several apps in one process). What is
 - counters the routes bump as things happen: rounds published, leases granted, leases expired (by
   the reaper), heartbeats, blob bytes in and out;
 - ``RequestMetrics``, an ASGI middleware timing every request by route template, method and status;
+- per deployment, what the OpenAI gateway served (requests, input and output tokens, the seconds from
+  submitting a request to its last token) and refused (by OpenAI error type and status), bumped by
+  ``gateway.GatewayBackend``;
 - ``DatabaseCollector``, which reads jobs by state and nodes by kind and state from the database at
   scrape time, so every replica reports the same, true numbers.
 
@@ -31,6 +34,8 @@ from gpuflex.coordinator.db import Job, Node
 from gpuflex.protocol.messages import JobState
 
 JOB_STATES: tuple[str, ...] = get_args(JobState)
+# a generation takes from tens of milliseconds (a few tokens) to minutes (a long answer on a CPU)
+DEPLOYMENT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 log = logging.getLogger("gpuflex.coordinator")
 
 
@@ -85,7 +90,40 @@ class CoordinatorMetrics:
             ["route", "method", "status"],
             registry=r,
         )
+        self.deployment_requests = Counter(
+            "gpuflex_deployment_requests",
+            "Requests a deployment served to the end",
+            ["deployment"],
+            registry=r,
+        )
+        self.deployment_tokens = Counter(
+            "gpuflex_deployment_tokens",
+            "Tokens a deployment served, input or output",
+            ["deployment", "kind"],
+            registry=r,
+        )
+        self.deployment_request_seconds = Histogram(
+            "gpuflex_deployment_request_duration_seconds",
+            "A served request's seconds from reaching the gateway to its last token, by deployment",
+            ["deployment"],
+            buckets=DEPLOYMENT_BUCKETS_S,
+            registry=r,
+        )
+        self.deployment_errors = Counter(
+            "gpuflex_deployment_errors",
+            "Gateway requests refused or failed, by deployment, OpenAI error type and HTTP status",
+            ["deployment", "type", "status"],
+            registry=r,
+        )
         r.register(DatabaseCollector(ctx))
+
+    def deployment_served(
+        self, deployment_id: str, prompt_tokens: int, completion_tokens: int, seconds: float
+    ) -> None:
+        self.deployment_requests.labels(deployment_id).inc()
+        self.deployment_tokens.labels(deployment_id, "input").inc(prompt_tokens)
+        self.deployment_tokens.labels(deployment_id, "output").inc(completion_tokens)
+        self.deployment_request_seconds.labels(deployment_id).observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,15 +21,18 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterator
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from gpuflex.errors import ServiceError, from_status
+from gpuflex.protocol.messages import DeploymentInfo
 from gpuflex.protocol.relay import RelayCompletion, RelayEvent, RelayRequest, RelayWork
 from gpuflex.serve.engine import Cancelled, Completion, Event, Usage
 from gpuflex.serve.sampling import SamplingParams
+
+Info = TypeVar("Info", bound=DeploymentInfo)
 
 if TYPE_CHECKING:
     from gpuflex.coordinator.broker import Broker
@@ -366,6 +369,10 @@ class Relay:
             replica.open[generation.request.id] = generation
             replica.requests.append(generation.request)
             replica.notify()
+
+    def measured(self, info: Info) -> Info:
+        """``info`` with what this process served of the deployment over the last ``WINDOW_S``."""
+        return info.model_copy(update=asdict(self.stats(info.id)))
 
     def stats(self, deployment_id: str) -> Stats:
         """Requests and tokens per second served over the last ``WINDOW_S``, and the times to first token

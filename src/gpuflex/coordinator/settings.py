@@ -31,6 +31,9 @@ class CoordinatorSettings(BaseSettings):
         1.0, ge=0, description="how long a replica reuses the heartbeat rules (governed values, fleet size)"
     )
     reaper_interval_s: float = Field(1.0, gt=0)
+    usage_settle_interval_s: float = Field(
+        60.0, ge=0, description="a priced deployment key's usage is paid to the owner in a batch this often"
+    )
     lease_placement_interval_s: float = Field(
         1.0,
         ge=0,

@@ -473,19 +473,45 @@ class DeploymentInfo(Message):
     ttft_p99_ms: float | None = None
 
 
+# the most a key may charge, in credits per million tokens (a typo's price, not a business limit)
+MAX_TOKEN_PRICE = 1_000_000.0
+
+
+class DeploymentKeyCreate(Message):
+    holder: str | None = Field(
+        None, description="the account (by name) that holds the key and pays its prices; default: the owner"
+    )
+    price_in: Annotated[float, Field(ge=0, le=MAX_TOKEN_PRICE)] = Field(
+        0.0, description="credits per million input (prompt) tokens the holder pays the owner"
+    )
+    price_out: Annotated[float, Field(ge=0, le=MAX_TOKEN_PRICE)] = Field(
+        0.0, description="credits per million output (completion) tokens the holder pays the owner"
+    )
+
+
 class KeyUsage(Message):
-    """A deployment's API key (never its secret) and what was served with it."""
+    """A deployment's API key (never its secret), what was served with it and what that cost its holder."""
 
     id: str
     created_at: datetime
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    holder: str = Field("", description="the account that holds the key and pays for its tokens")
+    account_token: bool = Field(False, description="not a key: what the owner's account token was served")
+    claimed: bool = Field(True, description="False: a key for another account that it has not claimed yet")
+    price_in: float = Field(0.0, description="credits per million input tokens")
+    price_out: float = Field(0.0, description="credits per million output tokens")
+    accrued: float = Field(0.0, description="what all its tokens cost at its prices")
+    settled: float = Field(0.0, description="of that, paid into the ledger so far (settled in batches)")
 
 
 class DeploymentKeyCreated(KeyUsage):
     deployment_id: str
-    key: str = Field(description="the API key; shown once, store it (OpenAI clients send it as api_key)")
+    key: str | None = Field(
+        description="the API key; shown once, store it (OpenAI clients send it as api_key). None for a key "
+        "made for another account: only that account sees its secret, when it claims it"
+    )
 
 
 class DeploymentDetail(DeploymentInfo):

@@ -1,8 +1,6 @@
 """Deployments, seen only by the account that created them; ``{deployment_id}`` may be a unique prefix."""
 
 import logging
-from dataclasses import asdict
-from typing import TypeVar
 
 from fastapi import APIRouter, Request
 
@@ -25,26 +23,28 @@ def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.Deploymen
     return info
 
 
-Info = TypeVar("Info", bound=m.DeploymentInfo)
-
-
-def _measured(info: Info, request: Request) -> Info:
-    """With what this process's relay measured of the deployment over the last minute."""
-    return info.model_copy(update=asdict(request.app.state.relay.stats(info.id)))
+@router.post("/keys/{key_id}/claim", responses=errors(404, 409))
+def claim_key(key_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentKeyCreated:
+    """The secret of an API key another account's deployment made for you (you pay its prices); shown
+    this once."""
+    with ctx.tx() as s:
+        claimed = deployment_keys.claim(s, account, key_id, ctx.now())
+    log.info("deployment key %s claimed", claimed.id, extra={"job_id": claimed.deployment_id})
+    return claimed
 
 
 @router.get("")
 def list_deployments(request: Request, account: Consumer, ctx: Ctx) -> list[m.DeploymentInfo]:
     with ctx.read() as s:
         found = [deployments.info(s, d, ctx.now()) for d in deployments.list_for(s, account)]
-    return [_measured(info, request) for info in found]
+    return [request.app.state.relay.measured(info) for info in found]
 
 
 @router.get("/{deployment_id}")
 def show(deployment_id: str, request: Request, account: Consumer, ctx: Ctx) -> m.DeploymentDetail:
     with ctx.read() as s:
         detail = deployments.detail(s, deployments.owned(s, account, deployment_id), ctx.now())
-    return _measured(detail, request)
+    return request.app.state.relay.measured(detail)
 
 
 @router.get("/{deployment_id}/logs")
@@ -74,10 +74,15 @@ def stop(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
     return info
 
 
-@router.post("/{deployment_id}/keys", status_code=201)
-def create_key(deployment_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentKeyCreated:
-    """An API key that reaches this deployment only (through the OpenAI gateway); shown this once."""
+@router.post("/{deployment_id}/keys", status_code=201, responses=errors(400))
+def create_key(
+    deployment_id: str, account: Consumer, ctx: Ctx, body: m.DeploymentKeyCreate | None = None
+) -> m.DeploymentKeyCreated:
+    """An API key that reaches this deployment only (through the OpenAI gateway); shown this once. Made
+    for another account (``holder``) at prices per million tokens, that account pays them to you, and
+    only it sees the secret (``POST /deployments/keys/{key_id}/claim``)."""
     with ctx.tx() as s:
-        created = deployment_keys.create(s, deployments.owned(s, account, deployment_id), ctx.now())
+        deployment = deployments.owned(s, account, deployment_id)
+        created = deployment_keys.create(s, deployment, account, body or m.DeploymentKeyCreate(), ctx.now())
     log.info("deployment key %s created", created.id, extra={"job_id": created.deployment_id})
     return created

@@ -36,7 +36,15 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from gpuflex.errors import BadRequest, GPUFlexError, NotFound, PayloadTooLarge, RateLimited, Unauthorized
+from gpuflex.errors import (
+    BadRequest,
+    GPUFlexError,
+    InsufficientFunds,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    Unauthorized,
+)
 from gpuflex.protocol import openai as o
 from gpuflex.serve.backend import Backend, Generation, ModelCard, Prompt
 from gpuflex.serve.engine import Completion
@@ -75,6 +83,8 @@ def error_body(exc: GPUFlexError) -> tuple[int, o.ErrorResponse]:
         code = "invalid_api_key"
     elif isinstance(exc, RateLimited):
         kind = code = "rate_limit_exceeded"
+    elif isinstance(exc, InsufficientFunds):  # a priced key whose holder cannot pay: OpenAI's out of credit
+        kind = code = "insufficient_quota"
     elif isinstance(exc, BadRequest):
         first = exc.message.split(" ", 1)[0]
         param = first if first in _SAMPLING_FIELDS else None
@@ -130,7 +140,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         route_class=OpenAIRoute,
         dependencies=[Depends(authorize)],
         tags=["openai"],
-        responses={status: {"model": o.ErrorResponse} for status in (400, 401, 404, 413)},
+        responses={status: {"model": o.ErrorResponse} for status in (400, 401, 402, 404, 413)},
     )
 
     @router.get("/models")

@@ -7,6 +7,7 @@ metering from escrow, settlement (``jobs.finish``) and verdicts (its inference a
 ``inference_audits``). It has no rounds and ends when its
 owner stops it (what is unspent goes back to the wallet) or its budget is spent (``jobs.enforce_limits``).
 ``scale`` adds replicas or cancels the newest; its spec's ``replicas`` stays what it was created with.
+What it serves is counted per API key (``deployment_keys``), its owner's account token on a row of its own.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def create(session: Session, account: Account, msg: m.DeploymentCreate, blobs: B
     )
     jobs.escrow(session, account, deployment, now)
     _add_replicas(session, deployment, range(spec.replicas))
+    deployment_keys.open_account_token_row(session, deployment, now)
     message = f"created by {account.name}; budget in escrow"
     session.add(JobEvent(job_id=deployment.id, at=now, message=message))
     return deployment
@@ -156,11 +158,13 @@ def scale(session: Session, account: Account, deployment_id: str, replicas: int,
 
 
 def stop(session: Session, account: Account, deployment_id: str, now: float, *, fee_bps: int) -> Job:
-    """End the deployment: its replicas' leases end, providers' pay is set aside, the rest is refunded."""
+    """End the deployment: its replicas' leases end, providers' pay is set aside, the rest is refunded,
+    and its priced keys' holders pay what their tokens owe."""
     deployment = owned(session, account, deployment_id)
     if deployment.state not in OPEN_JOB_STATES:
         raise Conflict(f"deployment {deployment.id} has already ended ({deployment.state})")
     jobs.finish(session, deployment, "cancelled", f"stopped by {account.name}", now, fee_bps=fee_bps)
+    deployment_keys.settle_deployment(session, deployment, now)
     return deployment
 
 

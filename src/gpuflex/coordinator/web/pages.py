@@ -1,7 +1,8 @@
 """The dashboard's pages: parse, read one view in one transaction, render.
 
 Public: the overview and the providers list (prices, benchmarks, states; no one's earnings).
-A consumer's: their jobs, a job page and its live data, the ledger. A provider's: its earnings.
+A consumer's: their jobs, a job page and its live data, their deployments, the ledger.
+A provider's: its earnings.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from gpuflex.coordinator.auth import Ctx
 from gpuflex.coordinator.services import jobs
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
-from gpuflex.coordinator.web import jobview, money, network
+from gpuflex.coordinator.web import deployview, jobview, money, network
 from gpuflex.coordinator.web.blobinfo import BlobInfo
 from gpuflex.coordinator.web.render import page
 from gpuflex.coordinator.web.viewer import PREFIX, Looker, SignInRequired
@@ -72,6 +73,14 @@ def job_live(job_id: str, request: Request, viewer: Looker, ctx: Ctx) -> dict:
     account = viewer.consumer(request)
     with ctx.tx() as s:
         return jobview.live(s, jobs.owned(s, account, job_id), ctx.now())
+
+
+@router.get("/deployments")
+def deployment_list(request: Request, viewer: Looker, ctx: Ctx) -> HTMLResponse:
+    account = viewer.consumer(request)
+    with ctx.tx() as s:
+        rows = deployview.deployments_page(s, account, request.app.state.relay, ctx.now())
+    return page(request, "deployments.html", viewer=viewer, deployments=rows, live=True)
 
 
 @router.get("/ledger")

@@ -72,9 +72,8 @@ def test_the_smallest_config_trains_every_run_on_the_same_tokens_and_reports_dp_
 def test_flower_averages_as_our_federated_job_does(federated, tiny):
     pytest.importorskip("flwr", reason="the [flower] extra is not installed")
     flower = tiny["flower"]
-    assert (
-        abs(flower["loss_difference"]) < 1e-3
-    )  # the same clients, weights and rounds: only the averaging differs
+    # the same clients, weights and rounds: only who averages differs
+    assert abs(flower["loss_difference"]) < 1e-3
     assert flower["val_loss"] == tiny["val_loss"]["flower"] and flower["wall_s"] >= 0
 
 

@@ -85,7 +85,7 @@ from gpuflex.train.worker import Replica, inner_optimizer, run_worker, step
 # -- settings ---------------------------------------------------------------------------------------
 OWNERS = 4
 ALPHA = 0.3  # Dirichlet concentration of each class over the owners: small is skewed
-HOLDOUT = 10  # 1 file in HOLDOUT of every class is held out: the validation text, IID over classes
+HOLDOUT = 10  # 1 file in HOLDOUT, counting through the classes, is held out: the text that scores runs
 DELTA = 1e-5  # the δ every DP run's ε is reported at
 DATASET = "records"  # the private datasets' name (data.federated)
 POLL_S = 0.02  # how often tasks poll for a round: threads in one process, nothing to spare

@@ -27,7 +27,8 @@ What runs, all with ``char-gpt`` and the same seed, AdamW, lr schedule and batch
   batch draws (the same initial model).
 - ``dp``: the federated job with ``privacy.dp: {clip, noise_multiplier, delta}`` at each of the mode's
   noise multipliers (workers clip, the aggregator's ``private_mean`` clips again and adds the noise), and
-  the ε each reaches over its rounds by our accountant (``privacy.dp.Accountant``).
+  the ε each reaches over its rounds by our accountant, as the coordinator's ledger records it
+  (``coordinator.services.dp.epsilon``).
 - ``flower``: Flower's ``FedAvg`` strategy (``flwr.server.strategy``) aggregating Flower ``NumPyClient``s,
   in process: its simulation engine needs Ray (``flwr[simulation]`` pins ray 2.55.1), so the server loop
   is this file's, calling the strategy's ``aggregate_fit`` with each client's ``FitRes``. Each client
@@ -64,11 +65,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpuflex.coordinator.services import dp as dp_ledger
 from gpuflex.data.assign import validation_batches
 from gpuflex.data.fetch import LocalShards
 from gpuflex.data.manifest import Manifest, read_manifest
 from gpuflex.privacy import dp
-from gpuflex.protocol.messages import DPTask, TaskConfig
+from gpuflex.protocol.messages import TaskConfig
 from gpuflex.protocol.spec import JobSpec, TrainingSpec, parse_job_spec
 from gpuflex.testing import prepare_bytes
 from gpuflex.train.aggregator import run_aggregator
@@ -243,21 +245,9 @@ def job_spec(mode: Mode, seed: int, noise_multiplier: float | None = None) -> Jo
     )
 
 
-def dp_task(job: JobSpec) -> DPTask | None:
-    """``privacy.dp`` resolved as the coordinator resolves it for the job's tasks."""
-    if job.privacy.dp is None:
-        return None
-    plan = dp.for_job(job.privacy.dp, job.training.rounds)
-    return DPTask(
-        clip=plan.clip,
-        noise_multiplier=plan.noise_multiplier,
-        rounds=dp.rounds_run(plan, job.training.rounds),
-    )
-
-
 def task_configs(job: JobSpec, owners: list[Path]) -> list[TaskConfig]:
     """The aggregator's config and each owner's worker's, as the coordinator leases them."""
-    privacy = dp_task(job)
+    privacy = dp_ledger.task(job)  # privacy.dp resolved as the coordinator resolves it for the tasks
     manifests = [read_manifest(d) for d in owners]
     common = {
         "job_id": "federated-bench",
@@ -281,8 +271,8 @@ def run_federated(name: str, job: JobSpec, owners: list[Path], validation: list)
     """The job's aggregator and workers as threads over one ``LocalTransport``; its final checkpoint
     scored on ``validation``."""
     aggregator, *workers = task_configs(job, owners)
-    privacy = aggregator.dp
-    hub = LocalTransport(privacy.rounds if privacy else job.training.rounds, live_workers=len(workers))
+    last = dp_ledger.last_round(job)
+    hub = LocalTransport(last, live_workers=len(workers))
     failures: list[BaseException] = []
     stop = threading.Event()  # one task's failure stops the others, which would wait for it
 
@@ -314,17 +304,17 @@ def run_federated(name: str, job: JobSpec, owners: list[Path], validation: list)
     wall = time.monotonic() - began
     if failures:
         raise failures[0]
-    last = hub.history()[-1]
-    assert last.checkpoint is not None, "the last round carries the full state"
+    final = hub.history()[-1]
+    assert final.round == last and final.checkpoint is not None, "the last round carries the full state"
     model = build_model(job.training)
-    load_model(model, hub.get_blob(last.checkpoint))
+    load_model(model, hub.get_blob(final.checkpoint))
     return Run(
         name,
         _score(job.training, model, validation),
-        last.tokens,
+        final.tokens,
         wall,
-        dp.Accountant(privacy.noise_multiplier, DELTA).epsilon(privacy.rounds) if privacy else None,
-        privacy.noise_multiplier if privacy else None,
+        dp_ledger.epsilon(job, last),  # what the coordinator's ledger stores with the last round
+        aggregator.dp.noise_multiplier if aggregator.dp else None,
     )
 
 

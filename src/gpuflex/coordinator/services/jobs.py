@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import dp, federated, ids, leases, ledger, specs, verification
+from gpuflex.coordinator.services import dp, federated, ids, keys, leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.data.fit import check_job
 from gpuflex.data.manifest import parse_manifest
@@ -41,6 +41,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         check_uploaded_model(model.uploaded, model.size, blobs, "training.model.from")
     spec, owners = msg.spec, None
     privacy = dp.submitted(spec)  # a DP setting the accountant refuses is refused before money moves
+    sealed_key = keys.submitted(msg)
     if spec.data.federated is not None:
         if msg.dataset is not None:
             raise BadRequest("data.federated: the data stays with its owners; upload no dataset")
@@ -53,6 +54,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         spec=spec.model_dump(mode="json"),
         dataset=msg.dataset,
         recipe_code=msg.recipe_code,
+        sealed_key=sealed_key,
         state="pending",
         reason="",
         created_at=now,

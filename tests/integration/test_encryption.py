@@ -1,0 +1,103 @@
+"""``privacy.encrypt`` on a real local network: the consumer's CLI encrypts the corpus before upload, the
+job waits (saying why) while no one serves its key, trains once ``gpuflex job keys`` seals the key to its
+leased nodes, and ``gpuflex job fetch`` brings home a model that loads; the coordinator's database, data
+directory and blob store never hold the corpus's canary, and a node gets no key for a lease that ended."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuflex.auth.signing import NodeKey
+from gpuflex.client import Client, NodeClient
+from gpuflex.errors import Conflict
+from gpuflex.localnet import CORE_TOKEN, LocalNetwork
+from gpuflex.testing import small_job, wait_for, write_corpus
+
+from .test_network import FAST_LIVENESS, TERMINAL
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(home: Path, net: LocalNetwork, token: str, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "HOME": str(home), "GPUFLEX_URL": net.url, "GPUFLEX_TOKEN": token, "COLUMNS": "200"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuflex", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _run(home: Path, net: LocalNetwork, token: str, *args: str) -> str:
+    process = _cli(home, net, token, *args)
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, out
+    return out
+
+
+def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only_ciphertext(tmp_path):
+    canary = f"CANARY-{secrets.token_hex(8)}"
+    write_corpus(tmp_path / "data")
+    (tmp_path / "data" / "part0.txt").write_text((canary + " alpha beta.\n") * 50, encoding="utf-8")
+    spec = small_job(tmp_path / "data", workers=1, rounds=2, name="secret")
+    job_file = tmp_path / "job.yaml"
+    body = spec.model_dump(mode="json", exclude_defaults=True, by_alias=True)
+    job_file.write_text(yaml.safe_dump({**body, "privacy": {"encrypt": True}}))
+    home = tmp_path / "home"
+    with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
+        url = net.start_coordinator()
+        net.start_agent("core", price=0.4, core=True, extra=["--core-token", CORE_TOKEN])
+        net.start_agent("c0", price=0.1)
+        token = Client(url).create_account("lab").token
+        client = Client(url, token)
+        client.deposit(5)
+        wait_for(lambda: sum(o.state == "online" for o in client.offers()) == 2, 90, "agents to register")
+
+        out = _run(home, net, token, "submit", str(job_file))
+        job_id = client.jobs()[0].id
+        assert f"gpuflex job keys {job_id}" in out, out
+        waiting = f"waits for the consumer's data key (lease"  # nobody serves the key yet: said, not silent
+        wait_for(lambda: sum(waiting in e.message for e in client.logs(job_id)) >= 2, 60, "the key wait")
+        assert client.job(job_id).rounds_log == []  # the aggregator cannot even publish round 0 without it
+
+        served = _run(home, net, token, "job", "keys", job_id)  # returns once the job has ended
+        assert "data key sealed to aggregator 0 on core" in served and "worker 0 on c0" in served, served
+        job = client.job(job_id)
+        assert job.state == "completed", [e.message for e in client.logs(job_id)][-10:]
+        assert job.round == 2 and job.val_loss < job.initial_val_loss
+
+        fetched = _run(home, net, token, "job", "fetch", job_id, "-o", str(tmp_path / "model.safetensors"))
+        assert "final model" in fetched, fetched
+        from gpuflex.train.outer import load_model
+        from gpuflex.train.recipes import build_model
+
+        assert load_model(build_model(spec.training), (tmp_path / "model.safetensors").read_bytes())["round"] == 2
+        assert canary.encode() not in client.checkpoint(job_id)
+
+        # a node holding no live lease gets no key: every lease of the job has ended
+        core = NodeClient(url, NodeKey.load_or_create(net.root / "agents" / "core" / "node.key"))
+        aggregator = next(t for t in job.tasks if t.role == "aggregator")
+        lease_id = _lease_of(net, aggregator.id)
+        with pytest.raises(Conflict, match="no longer live: no key"):
+            core.lease_key(lease_id, aggregator.epoch)
+        core.close()
+
+        net.stop()  # the database's WAL checkpointed and closed: every byte is on disk
+        stored = [p for p in (net.root / "coordinator").rglob("*") if p.is_file()]
+        assert any(p.suffix == ".db" for p in stored) and len(stored) > 5
+        for path in stored:
+            assert canary.encode() not in path.read_bytes(), path
+        assert canary.encode() in (tmp_path / "data" / "part0.txt").read_bytes()
+
+
+def _lease_of(net: LocalNetwork, task_id: str) -> str:
+    import sqlite3
+
+    with sqlite3.connect(net.root / "coordinator" / "gpuflex.db") as db:
+        (lease_id,) = db.execute("SELECT id FROM leases WHERE task_id = ?", (task_id,)).fetchone()
+    return lease_id

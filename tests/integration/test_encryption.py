@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client, NodeClient
@@ -20,24 +21,22 @@ from gpuflex.errors import Conflict
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
 from gpuflex.testing import small_job, wait_for, write_corpus
 
-from .test_network import FAST_LIVENESS, TERMINAL
+from .test_network import FAST_LIVENESS
 
 pytestmark = pytest.mark.integration
 
 
-def _cli(home: Path, net: LocalNetwork, token: str, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "HOME": str(home), "GPUFLEX_URL": net.url, "GPUFLEX_TOKEN": token, "COLUMNS": "200"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpuflex", *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+def _env(home: Path, net: LocalNetwork, token: str) -> dict[str, str]:
+    return {"HOME": str(home), "GPUFLEX_URL": net.url, "GPUFLEX_TOKEN": token, "COLUMNS": "200"}
 
 
 def _run(home: Path, net: LocalNetwork, token: str, *args: str) -> str:
-    process = _cli(home, net, token, *args)
-    out, _ = process.communicate(timeout=120)
-    assert process.returncode == 0, out
-    return out
+    """The CLI in this process (no interpreter to start), as the consumer on its machine (``home``)."""
+    from gpuflex.cli.main import app
+
+    result = CliRunner().invoke(app, list(args), env=_env(home, net, token))
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only_ciphertext(tmp_path):
@@ -61,11 +60,16 @@ def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only
         out = _run(home, net, token, "submit", str(job_file))
         job_id = client.jobs()[0].id
         assert f"gpuflex job keys {job_id}" in out, out
-        waiting = f"waits for the consumer's data key (lease"  # nobody serves the key yet: said, not silent
-        wait_for(lambda: sum(waiting in e.message for e in client.logs(job_id)) >= 2, 60, "the key wait")
+        waiting = "waits for the consumer's data key (lease"  # nobody serves the key yet: said, not silent
+        wait_for(lambda: any(waiting in e.message for e in client.logs(job_id)), 60, "the key wait")
         assert client.job(job_id).rounds_log == []  # the aggregator cannot even publish round 0 without it
 
-        served = _run(home, net, token, "job", "keys", job_id)  # returns once the job has ended
+        keys = subprocess.run(  # a process of its own, as a consumer runs it; it returns once the job ended
+            [sys.executable, "-m", "gpuflex", "job", "keys", job_id],
+            env={**os.environ, **_env(home, net, token)}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        served = keys.stdout
+        assert keys.returncode == 0, served + keys.stderr
         assert "data key sealed to aggregator 0 on core" in served and "worker 0 on c0" in served, served
         job = client.job(job_id)
         assert job.state == "completed", [e.message for e in client.logs(job_id)][-10:]
@@ -76,7 +80,8 @@ def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only
         from gpuflex.train.outer import load_model
         from gpuflex.train.recipes import build_model
 
-        assert load_model(build_model(spec.training), (tmp_path / "model.safetensors").read_bytes())["round"] == 2
+        model = (tmp_path / "model.safetensors").read_bytes()
+        assert load_model(build_model(spec.training), model)["round"] == 2
         assert canary.encode() not in client.checkpoint(job_id)
 
         # a node holding no live lease gets no key: every lease of the job has ended

@@ -54,6 +54,8 @@ def test_an_owner_outside_the_jobs_region_is_not_used_and_says_so():
     us = OwnerNode(us.node_id, us.name, us.datasets, us.consumers, region="us")
     found = choose_owners("notes", "lab", [eu, us], region="EU")
     assert [o.node_id for o in found.used] == ["n1"]
-    assert found.reasons[1] == "n2-name (n2): not used: in region us; resources.region keeps the job's data in EU"
+    assert found.reasons[1] == (
+        "n2-name (n2): not used: in region us; resources.region keeps the job's data in EU"
+    )
     with pytest.raises(BadRequest, match="no online owner of 'notes' that admits 'lab' is in region 'eu'"):
         choose_owners("notes", "lab", [us], region="eu")

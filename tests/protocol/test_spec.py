@@ -159,3 +159,19 @@ def test_bad_federated_specs_are_refused_naming_the_problem(spec, says):
     with pytest.raises(SpecError) as err:
         parse_job_spec(spec)
     assert says in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"prepared": "./prepared"}, "data.prepared"),
+        ({"federated": "notes"}, "data.federated"),
+    ],
+)
+def test_encrypt_covers_an_uploaded_corpus_and_says_what_it_does_not_cover_yet(data, named):
+    spec = {"name": "s", "data": data, "training": {"recipe": "char-gpt"}, "privacy": {"encrypt": True}}
+    with pytest.raises(
+        SpecError, match=f"privacy.encrypt covers a data.source corpus and recipe_file; not {named}"
+    ):
+        parse_job_spec(spec)
+    assert parse_job_spec({"name": "s", "privacy": {"encrypt": True}}).privacy.encrypt

@@ -1,0 +1,134 @@
+"""``privacy.encrypt``'s keys through the real API: a node gets the job's data key only while it holds a
+live lease at its current epoch, sealed by the consumer's CLI to the key the node signed; the job's log
+says a node waits for it; bad input is one line."""
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from gpuflex.cli.keys import consumer_key, data_key, seal_requests
+from gpuflex.coordinator.app import reap_once
+from gpuflex.errors import BadRequest, Conflict, Forbidden, Unauthorized
+from gpuflex.privacy.envelope import (
+    JOB_BLOB,
+    encrypt_blob,
+    new_data_key,
+    public_bytes,
+    seal_for_consumer,
+    unseal_key,
+)
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.spec import JobSpec
+
+
+def _spec(encrypt: bool = True) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "secret",
+            "resources": {"workers": 1},
+            "data": {"source": "./text"},
+            "privacy": {"encrypt": encrypt},
+            "budget": 1.0,
+            "max_price_per_hour": 0.5,
+        }
+    )
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the consumer's sealing key lives under it
+
+
+def _submit(lab, key: bytes) -> m.JobInfo:
+    dataset = lab.upload(encrypt_blob(key, b"the corpus", JOB_BLOB))
+    sealed = seal_for_consumer(key, public_bytes(consumer_key())).hex()
+    return lab.submit(_spec(), dataset=dataset, sealed_key=sealed)
+
+
+def test_a_node_gets_the_key_only_for_its_live_lease_and_only_it_can_open_it(coordinator, home):
+    sealing = {name: X25519PrivateKey.generate() for name in ("core", "a", "b")}
+    core = coordinator.node("core", core=True, sealing_key=sealing["core"])
+    a = coordinator.node("a", sealing_key=sealing["a"])
+    b = coordinator.node("b", price=0.2, sealing_key=sealing["b"])
+    lab = coordinator.consumer("lab", deposit=5)
+    key = new_data_key()
+    job = _submit(lab, key)
+    aggregator, worker = core.lease(), a.lease()
+    assert worker.task.encrypted and aggregator.task.encrypted
+
+    for _ in range(2):  # the consumer serves no key yet: the node is told why, the log hears it once
+        waiting = a.lease_key(worker.lease_id, worker.epoch)
+        assert waiting.sealed_key is None and f"gpuflex job keys {job.id}" in waiting.waiting
+    log = [e.message for e in lab.logs(job.id)]
+    assert sum("worker 0 on" in x and "waits for the consumer's data key" in x for x in log) == 1, log
+
+    said: list[str] = []
+    assert seal_requests(lab, job.id, consumer_key(), said.append)  # the job still runs
+    assert len(said) == 2 and all(x.startswith("data key sealed to ") for x in said), said
+    assert lab.job_keys(job.id).requests == []  # both leases have theirs
+    sealed = bytes.fromhex(a.lease_key(worker.lease_id, worker.epoch).sealed_key)
+    assert unseal_key(sealed, sealing["a"], job.id) == key
+    with pytest.raises(BadRequest, match="sealed to another key"):  # another node's key does not open it
+        unseal_key(sealed, sealing["core"], job.id)
+    with pytest.raises(BadRequest, match="for a job other than"):
+        unseal_key(sealed, sealing["a"], "j-other")
+
+    with pytest.raises(Forbidden):  # another node asking for this lease's key
+        b.lease_key(worker.lease_id, worker.epoch)
+    with pytest.raises(Conflict, match="no longer live"):  # a stale epoch
+        a.lease_key(worker.lease_id, worker.epoch + 1)
+    a.report(worker.lease_id, m.LeaseReport(epoch=worker.epoch, outcome="failed", detail="gone"))
+    with pytest.raises(Conflict, match="no longer live"):  # no lease any more: no key, though one was sealed
+        a.lease_key(worker.lease_id, worker.epoch)
+    with pytest.raises(Conflict, match="no longer live"):  # nor can the consumer seal to it
+        lab.grant_key(job.id, m.KeyGrant(lease_id=worker.lease_id, epoch=worker.epoch, sealed_key="00"))
+
+    reap_once(coordinator.ctx)  # the worker's task placed again: its new lease asks for its own key
+    holder, again = next((n, g) for n in (a, b) if (g := n.lease()) is not None)
+    assert again.task_id == worker.task_id and again.epoch == worker.epoch + 1
+    assert [r.lease_id for r in lab.job_keys(job.id).requests] == [again.lease_id]
+    assert holder.lease_key(again.lease_id, again.epoch).sealed_key is None
+
+
+def test_a_sealing_key_the_node_did_not_sign_is_refused_at_register_and_never_sealed_to(coordinator, home):
+    honest = coordinator.node("honest")
+    forged = m.NodeRegister(  # a key the node never signed, as a coordinator would slip in
+        name="honest",
+        public_key=honest.key.public_key_hex,
+        hardware=m.HardwareProfile(cpu_model="cpu", cpu_cores=1, ram_gb=1, device="cpu", gpus=[]),
+        benchmark=m.BenchmarkResult(tflops_fp32=1, mem_bandwidth_gbps=1),
+        price_per_hour=0.1,
+        sealing_key=public_bytes(X25519PrivateKey.generate()).hex(),
+        sealing_key_signature="00" * 64,
+    )
+    with pytest.raises(Unauthorized, match="did not sign this sealing key"):
+        honest.register(forged)
+
+    coordinator.node("core", core=True, sealing_key=X25519PrivateKey.generate())
+    plain = coordinator.node("plain")  # an agent that registered no sealing key
+    lab = coordinator.consumer("lab", deposit=5)
+    job = _submit(lab, new_data_key())
+    grant = plain.lease()
+    said: list[str] = []
+    seal_requests(lab, job.id, consumer_key(), said.append)
+    assert any(x.startswith("not sealed to worker 0 on plain") and "no sealing key" in x for x in said), said
+    assert plain.lease_key(grant.lease_id, grant.epoch).sealed_key is None
+
+
+def test_bad_input_is_one_line(coordinator, home, tmp_path):
+    lab = coordinator.consumer("lab", deposit=5)
+    dataset = lab.upload(b"plain")
+    with pytest.raises(BadRequest, match=r"privacy\.encrypt: submit the job's data key sealed to your own"):
+        lab.submit(_spec(), dataset=dataset)
+    with pytest.raises(BadRequest, match=r"and only with privacy\.encrypt"):
+        lab.submit(_spec(encrypt=False), dataset=dataset, sealed_key="ab" * 40)
+    plain = lab.submit(_spec(encrypt=False), dataset=dataset)
+    with pytest.raises(BadRequest, match="is not encrypted"):
+        lab.job_keys(plain.id)
+    assert lab.balance().balance == pytest.approx(4.0)  # only the plain job's budget moved
+
+    job = _submit(lab, new_data_key())
+    (tmp_path / "home" / ".gpuflex" / "sealing.key").unlink()  # another machine, or a lost key
+    with pytest.raises(
+        BadRequest, match=r"data key does not open with .*sealing\.key .*sealed to another key"
+    ):
+        data_key(lab.job_keys(job.id), consumer_key())

@@ -24,7 +24,7 @@ from gpuflex.auth.signing import check_sealing_key
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.profile import consumer_client, profile_path
 from gpuflex.client import Client
-from gpuflex.errors import BadRequest, Conflict, GPUFlexError, Unauthorized
+from gpuflex.errors import BadRequest, Conflict, GPUFlexError, RateLimited, ServiceError, Unauthorized
 from gpuflex.privacy.envelope import JOB_BLOB, decrypt_blob, seal_key, unseal_for_consumer
 from gpuflex.protocol import messages as m
 
@@ -85,16 +85,15 @@ def seal_requests(client: Client, job_id: str, key: X25519PrivateKey, say: Calla
 
 
 def serve_keys(client: Client, job_id: str, stop: threading.Event, say: Callable[[str], None]) -> None:
-    """Seal the job's key to each newly leased node until the job ends or ``stop`` is set. A failed call
-    is said and retried: the job's nodes wait for their keys meanwhile."""
+    """Seal the job's key to each newly leased node until the job ends or ``stop`` is set. The coordinator
+    out of reach (or rate limiting) is said and retried, the job's nodes waiting meanwhile; any other
+    refusal (no such job, a key that does not open) ends it with its one line."""
     key = consumer_key()
     while not stop.is_set():
         try:
             if not seal_requests(client, job_id, key, say):
                 return
-        except BadRequest:
-            raise
-        except GPUFlexError as err:
+        except (ServiceError, RateLimited) as err:
             say(f"keys: {err.message}; retrying")
         stop.wait(POLL_S)
 
@@ -106,7 +105,7 @@ def in_background(client: Client, job_id: str) -> Callable[[], None]:
     def serve() -> None:
         try:
             serve_keys(client, job_id, stop, _say)
-        except BadRequest as err:
+        except GPUFlexError as err:  # said beside the watch, which goes on
             _say(f"keys: {err.message}")
 
     thread = threading.Thread(target=serve, name="keys", daemon=True)

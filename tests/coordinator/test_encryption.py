@@ -2,9 +2,14 @@
 live lease at its current epoch, sealed by the consumer's CLI to the key the node signed; the job's log
 says a node waits for it; bad input is one line."""
 
+import subprocess
+
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from gpuflex.agent.daemon import Agent, AgentConfig, RunningTask
+from gpuflex.agent.runner import DATA_KEY
+from gpuflex.agent.sandbox import TaskProcess
 from gpuflex.cli.keys import consumer_key, data_key, seal_requests
 from gpuflex.coordinator.app import reap_once
 from gpuflex.errors import BadRequest, Conflict, Forbidden, Unauthorized
@@ -14,10 +19,14 @@ from gpuflex.privacy.envelope import (
     new_data_key,
     public_bytes,
     seal_for_consumer,
+    seal_key,
     unseal_key,
 )
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
+from gpuflex.testing import register_node
+
+from .conftest import CORE_TOKEN
 
 
 def _spec(encrypt: bool = True) -> JobSpec:
@@ -132,3 +141,47 @@ def test_bad_input_is_one_line(coordinator, home, tmp_path):
         BadRequest, match=r"data key does not open with .*sealing\.key .*sealed to another key"
     ):
         data_key(lab.job_keys(job.id), consumer_key())
+
+
+def test_the_agent_hands_its_task_the_key_it_opens_and_fails_a_task_whose_key_does_not_open(
+    coordinator, home, tmp_path
+):
+    config = AgentConfig(coordinator.url, "core", tmp_path / "agent", price_per_hour=0.1)
+    agent = Agent(config)  # not started: the test drives its watch of a task by hand
+    register_node(
+        coordinator.url, "core", core_token=CORE_TOKEN, key=agent.key, sealing_key=agent.sealing_key
+    )
+    coordinator.node("w", sealing_key=X25519PrivateKey.generate())
+    lab = coordinator.consumer("lab", deposit=5)
+    key = new_data_key()
+    job = _submit(lab, key)
+
+    def running(grant: m.LeaseGrant) -> RunningTask:  # a stand-in for the task's process: it only waits
+        workdir = tmp_path / grant.lease_id
+        workdir.mkdir()
+        popen = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        return RunningTask(grant, TaskProcess(popen, workdir / "task.log"), workdir, keyed=False)
+
+    agent.task = task = running(agent.client.lease())
+    agent._watch_task()  # no key served yet: the task keeps waiting
+    assert not task.keyed and not (task.workdir / DATA_KEY).exists()
+    seal_requests(lab, job.id, consumer_key(), lambda _: None)
+    task.next_key_ask = 0.0
+    agent._watch_task()
+    assert task.keyed and (task.workdir / DATA_KEY).read_bytes() == key
+    task.process.terminate(grace_s=1)
+    agent.client.report(task.grant.lease_id, m.LeaseReport(epoch=task.grant.epoch, outcome="released"))
+
+    reap_once(coordinator.ctx)
+    agent.task = again = running(agent.client.lease())  # the aggregator, leased again
+    wrong = seal_key(key, public_bytes(agent.sealing_key), "j-another-job")  # a key sealed for another job
+    lab.grant_key(
+        job.id, m.KeyGrant(lease_id=again.grant.lease_id, epoch=again.grant.epoch, sealed_key=wrong.hex())
+    )
+    agent._watch_task()
+    assert agent.task is None and again.process.poll() is not None  # stopped, and reported
+    log = [e.message for e in lab.logs(job.id)]
+    assert any(
+        "the job's data key cannot be unsealed here: sealed job key fails its check" in x for x in log
+    ), log
+    agent.client.close()

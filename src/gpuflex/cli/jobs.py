@@ -23,13 +23,6 @@ from gpuflex.cli.report import cost_table, write_report
 from gpuflex.cli.watch import EXIT_CODES, TERMINAL, watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
-from gpuflex.privacy.envelope import (
-    JOB_BLOB,
-    encrypt_blob,
-    new_data_key,
-    public_bytes,
-    seal_for_consumer,
-)
 from gpuflex.protocol.messages import DPStatus, JobEvent, JobInfo, Quote, Verdict
 from gpuflex.protocol.spec import JobSpec, load_job_spec
 
@@ -40,13 +33,16 @@ job_app.command("keys")(data_keys.keys)
 
 
 def upload_inputs(
-    client: Client, spec: JobSpec, seal: Callable[[bytes], bytes] = lambda data: data
+    client: Client, spec: JobSpec, seal: Callable[[bytes], bytes] | None = None
 ) -> dict[str, str | None]:
     """Upload the job's data — a prepared dataset's shards the blob store lacks and its manifest, or the
     corpus built from ``data.source`` (unless ``none``) — and its user recipe file, from this machine,
     each through ``seal`` (``privacy.encrypt``: under the job's data key); returns the ``dataset`` and
     ``recipe_code`` hashes to submit with."""
     from gpuflex.train.corpus import build_corpus
+
+    def upload(data: bytes) -> str:
+        return client.upload(seal(data) if seal is not None else data)
 
     dataset = None
     if spec.data.prepared is not None:
@@ -57,11 +53,11 @@ def upload_inputs(
         dataset = up.manifest
     elif spec.data.source is not None and spec.data.source != "none":
         corpus = build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions)
-        dataset = client.upload(seal(corpus))
+        dataset = upload(corpus)
     recipe_code = None
     if spec.training.recipe_file is not None:
         try:
-            recipe_code = client.upload(seal(Path(spec.training.recipe_file).read_bytes()))
+            recipe_code = upload(Path(spec.training.recipe_file).read_bytes())
         except OSError as err:
             raise BadRequest(f"cannot read recipe_file {spec.training.recipe_file}: {err.strerror}") from None
     return {"dataset": dataset, "recipe_code": recipe_code}
@@ -120,13 +116,8 @@ def submit(
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
     spec = upload_model(client, spec)
-    sealed_key = None
-    if spec.privacy.encrypt:
-        data_key = new_data_key()
-        sealed_key = seal_for_consumer(data_key, public_bytes(data_keys.consumer_key())).hex()
-        inputs = upload_inputs(client, spec, lambda data: encrypt_blob(data_key, data, JOB_BLOB))
-    else:
-        inputs = upload_inputs(client, spec)
+    seal, sealed_key = data_keys.new_job_key() if spec.privacy.encrypt else (None, None)
+    inputs = upload_inputs(client, spec, seal)
     unplaced = _unplaced(client, spec)  # before submitting: what the job's first placement will find
     job = client.submit(spec, **inputs, sealed_key=sealed_key)
     console.print(
@@ -468,11 +459,12 @@ def _follow(client: Client, job_id: str, keys_client: Client | None = None) -> N
     """Watch a job to its end and exit with the code its end has (``EXIT_CODES``); with ``keys_client``,
     serve the job's data key meanwhile. Ctrl-C stops the watching, not the job: say so, and how to watch
     it again or cancel it."""
-    stop_keys = data_keys.in_background(keys_client, job_id) if keys_client is not None else lambda: None
+    stop_keys = None
+    if keys_client is not None:  # its lines go through the watch's console, above the live view
+        stop_keys = data_keys.in_background(keys_client, job_id, lambda x: console.print(x, highlight=False))
     try:
         job = watch_job(client, job_id, console)
     except KeyboardInterrupt:
-        stop_keys()
         Console(stderr=True).print(
             f"stopped watching; job {job_id} goes on, and spends its budget, until it ends.\n"
             f"  watch it again: gpuflex job watch {job_id}\n"
@@ -480,6 +472,8 @@ def _follow(client: Client, job_id: str, keys_client: Client | None = None) -> N
             highlight=False,
         )
         raise typer.Exit(130) from None
-    stop_keys()
+    finally:
+        if stop_keys is not None:
+            stop_keys()
     _summary(job)
     raise typer.Exit(EXIT_CODES.get(job.state, 0))

@@ -25,7 +25,16 @@ from gpuflex.cli.options import Token, Url
 from gpuflex.cli.profile import consumer_client, profile_path
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest, Conflict, GPUFlexError, RateLimited, ServiceError, Unauthorized
-from gpuflex.privacy.envelope import JOB_BLOB, decrypt_blob, seal_key, unseal_for_consumer
+from gpuflex.privacy.envelope import (
+    JOB_BLOB,
+    decrypt_blob,
+    encrypt_blob,
+    new_data_key,
+    public_bytes,
+    seal_for_consumer,
+    seal_key,
+    unseal_for_consumer,
+)
 from gpuflex.protocol import messages as m
 
 console = Console()
@@ -39,6 +48,14 @@ def key_path() -> Path:
 def consumer_key() -> X25519PrivateKey:
     """This machine's consumer sealing key, made on first use."""
     return sealing.load_or_create(key_path())
+
+
+def new_job_key() -> tuple[Callable[[bytes], bytes], str]:
+    """A new job's data key: what encrypts its blobs under it, and the key sealed to this machine's key
+    (what the job is submitted with)."""
+    key = new_data_key()
+    sealed = seal_for_consumer(key, public_bytes(consumer_key())).hex()
+    return (lambda data: encrypt_blob(key, data, JOB_BLOB)), sealed
 
 
 def data_key(keys: m.JobKeys, key: X25519PrivateKey) -> bytes:
@@ -98,15 +115,15 @@ def serve_keys(client: Client, job_id: str, stop: threading.Event, say: Callable
         stop.wait(POLL_S)
 
 
-def in_background(client: Client, job_id: str) -> Callable[[], None]:
-    """Serve the job's keys beside a watch; returns what stops it."""
+def in_background(client: Client, job_id: str, say: Callable[[str], None]) -> Callable[[], None]:
+    """Serve the job's keys beside a watch, saying what it does with ``say``; returns what stops it."""
     stop = threading.Event()
 
     def serve() -> None:
         try:
-            serve_keys(client, job_id, stop, _say)
+            serve_keys(client, job_id, stop, say)
         except GPUFlexError as err:  # said beside the watch, which goes on
-            _say(f"keys: {err.message}")
+            say(f"keys: {err.message}")
 
     thread = threading.Thread(target=serve, name="keys", daemon=True)
     thread.start()

@@ -69,11 +69,12 @@ def test_a_node_gets_the_key_only_for_its_live_lease_and_only_it_can_open_it(coo
         assert waiting.sealed_key is None and f"gpuflex job keys {job.id}" in waiting.waiting
     log = [e.message for e in lab.logs(job.id)]
     assert sum("worker 0 on" in x and "waits for the consumer's data key" in x for x in log) == 1, log
+    assert lab.job(job.id).key_waits == ["aggregator 0 on core", "worker 0 on a"]  # `job show` lists them
 
     said: list[str] = []
     assert seal_requests(lab, job.id, consumer_key(), said.append)  # the job still runs
     assert len(said) == 2 and all(x.startswith("data key sealed to ") for x in said), said
-    assert lab.job_keys(job.id).requests == []  # both leases have theirs
+    assert lab.job_keys(job.id).requests == [] and lab.job(job.id).key_waits == []  # both have theirs
     sealed = bytes.fromhex(a.lease_key(worker.lease_id, worker.epoch).sealed_key)
     assert unseal_key(sealed, sealing["a"], job.id) == key
     with pytest.raises(BadRequest, match="sealed to another key"):  # another node's key does not open it
@@ -133,6 +134,7 @@ def test_bad_input_is_one_line(coordinator, home, tmp_path):
     plain = lab.submit(_spec(encrypt=False), dataset=dataset)
     with pytest.raises(BadRequest, match="is not encrypted"):
         lab.job_keys(plain.id)
+    assert lab.job(plain.id).key_waits is None
     assert lab.balance().balance == pytest.approx(4.0)  # only the plain job's budget moved
 
     job = _submit(lab, new_data_key())

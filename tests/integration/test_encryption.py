@@ -63,6 +63,8 @@ def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only
         waiting = "waits for the consumer's data key (lease"  # nobody serves the key yet: said, not silent
         wait_for(lambda: any(waiting in e.message for e in client.logs(job_id)), 60, "the key wait")
         assert client.job(job_id).rounds_log == []  # the aggregator cannot even publish round 0 without it
+        shown = _run(home, net, token, "job", "show", job_id)
+        assert f"wait(s) for the data key: run `gpuflex job keys {job_id}`" in shown, shown
 
         keys = subprocess.run(  # a process of its own, as a consumer runs it; it returns once the job ended
             [sys.executable, "-m", "gpuflex", "job", "keys", job_id],

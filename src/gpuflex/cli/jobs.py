@@ -274,6 +274,13 @@ def show(job_id: JobId, as_json: Json = False, url: Url = None, token: Token = N
             console.print(f"{t.role} {t.index}: {t.placement}", markup=False, highlight=False)
     if job.privacy is not None:
         console.print(_privacy_line(job.privacy), highlight=False)
+    if job.key_waits:
+        waiting = ", ".join(job.key_waits)
+        console.print(
+            f"privacy.encrypt: {waiting} wait(s) for the data key: run `gpuflex job keys {job.id}`",
+            style="yellow",
+            highlight=False,
+        )
     accounted = job.privacy is not None and job.privacy.delta is not None
     columns = ("round", "val loss", "train loss", "contributions") + (("ε",) if accounted else ())
     rounds = table(*columns, title="rounds")

@@ -440,6 +440,11 @@ class JobDetail(JobInfo):
     tasks: list[TaskInfo]
     owners: list[FederatedOwner] = Field(default_factory=list, description="data.federated: its owners")
     privacy: DPStatus | None = Field(None, description="privacy.dp: ε spent, its target and δ")
+    key_waits: list[str] | None = Field(
+        None,
+        description="privacy.encrypt: the leased tasks waiting for the consumer to seal them the data key "
+        "('worker 0 on NAME'); None: not encrypted",
+    )
     rounds_log: list[RoundInfo]
     costs: list[NodeCost]
     clearing_price: float | None = Field(

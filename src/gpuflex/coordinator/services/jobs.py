@@ -278,6 +278,7 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
         tasks=[task_info(t) for t in tasks],
         owners=federated.owners_of(session, job, spec),
         privacy=dp.status(spec, job.round),
+        key_waits=keys.waits(session, job),
         rounds_log=[
             m.RoundInfo(
                 round=r.round,

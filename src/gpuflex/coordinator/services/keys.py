@@ -37,6 +37,13 @@ def _encrypted(job: Job) -> str:
     return job.sealed_key
 
 
+def waits(session: Session, job: Job) -> list[str] | None:
+    """An encrypted job's leased tasks still without their key, as ``job show`` lists them."""
+    if job.sealed_key is None:
+        return None
+    return [f"{r.task} on {r.node_name}" for r in requests(session, job).requests]
+
+
 def requests(session: Session, job: Job) -> m.JobKeys:
     """The job's sealed key and its live leases still waiting for theirs."""
     sealed = _encrypted(job)

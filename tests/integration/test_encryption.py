@@ -5,10 +5,7 @@ directory and blob store never hold the corpus's canary, and a node gets no key 
 
 from __future__ import annotations
 
-import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -66,12 +63,7 @@ def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only
         shown = _run(home, net, token, "job", "show", job_id)
         assert f"wait(s) for the data key: run `gpuflex job keys {job_id}`" in shown, shown
 
-        keys = subprocess.run(  # a process of its own, as a consumer runs it; it returns once the job ended
-            [sys.executable, "-m", "gpuflex", "job", "keys", job_id],
-            env={**os.environ, **_env(home, net, token)}, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        served = keys.stdout
-        assert keys.returncode == 0, served + keys.stderr
+        served = _run(home, net, token, "job", "keys", job_id)  # it returns once the job has ended
         assert "data key sealed to aggregator 0 on core" in served and "worker 0 on c0" in served, served
         job = client.job(job_id)
         assert job.state == "completed", [e.message for e in client.logs(job_id)][-10:]

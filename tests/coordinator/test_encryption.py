@@ -10,7 +10,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from gpuflex.agent.daemon import Agent, AgentConfig, RunningTask
 from gpuflex.agent.runner import DATA_KEY
 from gpuflex.agent.sandbox import TaskProcess
-from gpuflex.cli.keys import consumer_key, data_key, seal_requests
+from gpuflex.auth.sealing import load_or_create
+from gpuflex.cli.keys import consumer_key, data_key, key_path, seal_requests
 from gpuflex.coordinator.app import reap_once
 from gpuflex.errors import BadRequest, Conflict, Forbidden, Unauthorized
 from gpuflex.privacy.envelope import (
@@ -45,6 +46,7 @@ def _spec(encrypt: bool = True) -> JobSpec:
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the consumer's sealing key lives under it
+    load_or_create(key_path())  # as the first encrypted submit makes it
 
 
 def _submit(lab, key: bytes) -> m.JobInfo:
@@ -124,7 +126,7 @@ def test_a_sealing_key_the_node_did_not_sign_is_refused_at_register_and_never_se
     assert plain.lease_key(grant.lease_id, grant.epoch).sealed_key is None
 
 
-def test_bad_input_is_one_line(coordinator, home, tmp_path):
+def test_bad_input_is_one_line(coordinator, home):
     lab = coordinator.consumer("lab", deposit=5)
     dataset = lab.upload(b"plain")
     with pytest.raises(BadRequest, match=r"privacy\.encrypt: submit the job's data key sealed to your own"):
@@ -138,10 +140,11 @@ def test_bad_input_is_one_line(coordinator, home, tmp_path):
     assert lab.balance().balance == pytest.approx(4.0)  # only the plain job's budget moved
 
     job = _submit(lab, new_data_key())
-    (tmp_path / "home" / ".gpuflex" / "sealing.key").unlink()  # another machine, or a lost key
-    with pytest.raises(
-        BadRequest, match=r"data key does not open with .*sealing\.key .*sealed to another key"
-    ):
+    key_path().unlink()  # another machine, or a lost key
+    with pytest.raises(BadRequest, match=r"no sealing key at .*sealing\.key: an encrypted job's key opens"):
+        consumer_key()
+    load_or_create(key_path())  # another key than the one the job's key was sealed to
+    with pytest.raises(BadRequest, match=r"does not open with .*sealing\.key .*sealed to another key"):
         data_key(lab.job_keys(job.id), consumer_key())
 
 

@@ -15,13 +15,17 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from gpuflex.errors import BadRequest
 
 
+def load(path: Path) -> X25519PrivateKey:
+    raw = path.read_bytes()
+    if len(raw) != 32:
+        raise BadRequest(f"{path} is not an X25519 private key (32 raw bytes): move it away")
+    return X25519PrivateKey.from_private_bytes(raw)
+
+
 def load_or_create(path: Path) -> X25519PrivateKey:
     """The key at ``path``, made (mode 0600) if there is none."""
     if path.exists():
-        raw = path.read_bytes()
-        if len(raw) != 32:
-            raise BadRequest(f"{path} is not an X25519 private key (32 raw bytes): move it away")
-        return X25519PrivateKey.from_private_bytes(raw)
+        return load(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     key = X25519PrivateKey.generate()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -46,15 +46,21 @@ def key_path() -> Path:
 
 
 def consumer_key() -> X25519PrivateKey:
-    """This machine's consumer sealing key, made on first use."""
-    return sealing.load_or_create(key_path())
+    """This machine's consumer sealing key, which opens the jobs submitted from here."""
+    path = key_path()
+    if not path.exists():
+        raise BadRequest(
+            f"no sealing key at {path}: an encrypted job's key opens only with the sealing key of the "
+            "machine that submitted it (copy that file here)"
+        )
+    return sealing.load(path)
 
 
 def new_job_key() -> tuple[Callable[[bytes], bytes], str]:
-    """A new job's data key: what encrypts its blobs under it, and the key sealed to this machine's key
-    (what the job is submitted with)."""
+    """A new job's data key: what encrypts its blobs under it, and the key sealed to this machine's key,
+    made on the first encrypted submit (what the job is submitted with)."""
     key = new_data_key()
-    sealed = seal_for_consumer(key, public_bytes(consumer_key())).hex()
+    sealed = seal_for_consumer(key, public_bytes(sealing.load_or_create(key_path()))).hex()
     return (lambda data: encrypt_blob(key, data, JOB_BLOB)), sealed
 
 
@@ -105,13 +111,19 @@ def serve_keys(client: Client, job_id: str, stop: threading.Event, say: Callable
     """Seal the job's key to each newly leased node until the job ends or ``stop`` is set. The coordinator
     out of reach (or rate limiting) is said and retried, the job's nodes waiting meanwhile; any other
     refusal (no such job, a key that does not open) ends it with its one line."""
-    key = consumer_key()
+    key, said = consumer_key(), set()
+
+    def once(line: str) -> None:  # a node that cannot be sealed to asks again every poll: say it once
+        if line not in said:
+            said.add(line)
+            say(line)
+
     while not stop.is_set():
         try:
-            if not seal_requests(client, job_id, key, say):
+            if not seal_requests(client, job_id, key, once):
                 return
         except (ServiceError, RateLimited) as err:
-            say(f"keys: {err.message}; retrying")
+            say(f"keys: {err.message}; retrying")  # each time: the nodes wait while it lasts
         stop.wait(POLL_S)
 
 

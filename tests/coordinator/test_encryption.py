@@ -2,8 +2,10 @@
 live lease at its current epoch, sealed by the consumer's CLI to the key the node signed; the job's log
 says a node waits for it; bad input is one line."""
 
+import secrets
 import subprocess
 
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
@@ -11,8 +13,13 @@ from gpuflex.agent.daemon import Agent, AgentConfig, RunningTask
 from gpuflex.agent.runner import DATA_KEY
 from gpuflex.agent.sandbox import TaskProcess
 from gpuflex.auth.sealing import load_or_create
-from gpuflex.cli.keys import consumer_key, data_key, key_path, seal_requests
+from gpuflex.cli.data import upload_prepared
+from gpuflex.cli.keys import consumer_key, data_key, key_path, new_job_key, seal_requests
 from gpuflex.coordinator.app import reap_once
+from gpuflex.data.cache import ShardCache
+from gpuflex.data.fetch import FetchedShards
+from gpuflex.data.manifest import numpy_dtype, parse_manifest, read_manifest
+from gpuflex.data.tokenizer import ByteTokenizer
 from gpuflex.errors import BadRequest, Conflict, Forbidden, Unauthorized
 from gpuflex.privacy.envelope import (
     JOB_BLOB,
@@ -24,8 +31,10 @@ from gpuflex.privacy.envelope import (
     unseal_key,
 )
 from gpuflex.protocol import messages as m
-from gpuflex.protocol.spec import JobSpec
-from gpuflex.testing import register_node
+from gpuflex.protocol.spec import DataSpec, JobSpec
+from gpuflex.testing import prepare_bytes, register_node, write_corpus
+from gpuflex.train.recipes.prepared import prepared_data
+from gpuflex.train.transport import SealedTransport, fetch_verified
 
 from .conftest import CORE_TOKEN
 
@@ -190,3 +199,47 @@ def test_the_agent_hands_its_task_the_key_it_opens_and_fails_a_task_whose_key_do
         "the job's data key cannot be unsealed here: sealed job key fails its check" in x for x in log
     ), log
     agent.client.close()
+
+
+def test_an_encrypted_prepared_dataset_is_stored_as_ciphertext_and_a_leased_task_reads_its_tokens(
+    coordinator, home, tmp_path
+):
+    canary = f"CANARY-{secrets.token_hex(8)}"
+    write_corpus(tmp_path / "text")
+    (tmp_path / "text" / "part0.txt").write_text((canary + " alpha.\n") * 200)
+    prepared = prepare_bytes(tmp_path / "text", tmp_path / "prepared", shard_tokens=18_000, val_tokens=4_000)
+    plain = read_manifest(prepared)
+    as_tokens = ByteTokenizer().encode([canary])[:-1].astype(numpy_dtype(plain.dtype)).tobytes()
+    assert as_tokens in (prepared / plain.train[0].file).read_bytes()  # the canary is in the shards
+    sealing = X25519PrivateKey.generate()
+    core = coordinator.node("core", core=True, sealing_key=X25519PrivateKey.generate())
+    node = coordinator.node("a", sealing_key=sealing)
+    lab = coordinator.consumer("lab", deposit=5)
+    spec = _spec().model_copy(update={"data": DataSpec(prepared=str(prepared))})
+
+    seal, sealed_key = new_job_key()
+    uploaded = upload_prepared(lab, spec, prepared, seal)
+    assert uploaded.sent == uploaded.shards == len(plain.train) + len(plain.validation)
+    job = lab.submit(spec, dataset=uploaded.manifest, sealed_key=sealed_key)
+    core.lease()
+    grant = node.lease()
+    seal_requests(lab, job.id, consumer_key(), lambda _: None)
+    key = unseal_key(bytes.fromhex(node.lease_key(grant.lease_id, grant.epoch).sealed_key), sealing, job.id)
+
+    task = coordinator.task(grant)  # the task's own view: its transport opens what it fetches
+    transport = SealedTransport(task, key)
+    reader = FetchedShards(task.get_blob, ShardCache(tmp_path / "cache", 1 << 30), transport.unseal)
+    stored = parse_manifest(fetch_verified(transport, grant.task.dataset), "the job's manifest")
+    for mine, theirs in zip(plain.train + plain.validation, stored.train + stored.validation, strict=True):
+        assert theirs.sha256 != mine.sha256  # stored by its ciphertext's hash
+        expected = np.fromfile(prepared / mine.file, dtype=numpy_dtype(plain.dtype))
+        assert np.array_equal(reader.open(theirs, stored.dtype), expected)
+    assert prepared_data(grant.task, lambda d: fetch_verified(transport, d), reader)(0).tokens_per_batch
+    task.close()
+
+    blobs = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+    cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert len(blobs) > uploaded.shards and cached  # the shards, the manifest; the node's cache
+    for path in blobs + cached:  # the store and the node's disk hold ciphertext only
+        data = path.read_bytes()
+        assert canary.encode() not in data and as_tokens not in data, path

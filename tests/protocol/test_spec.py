@@ -162,16 +162,14 @@ def test_bad_federated_specs_are_refused_naming_the_problem(spec, says):
 
 
 @pytest.mark.parametrize(
-    ("data", "named"),
+    ("extra", "named"),
     [
-        ({"prepared": "./prepared"}, "data.prepared"),
-        ({"federated": "notes"}, "data.federated"),
+        ({"data": {"federated": "notes"}}, "data.federated"),
+        ({"training": {"recipe": "hf-causal-lm", "model": {"from": "./model"}}}, "training.model.from"),
     ],
 )
-def test_encrypt_covers_an_uploaded_corpus_and_says_what_it_does_not_cover_yet(data, named):
-    spec = {"name": "s", "data": data, "training": {"recipe": "char-gpt"}, "privacy": {"encrypt": True}}
-    with pytest.raises(
-        SpecError, match=f"privacy.encrypt covers a data.source corpus and recipe_file; not {named}"
-    ):
-        parse_job_spec(spec)
-    assert parse_job_spec({"name": "s", "privacy": {"encrypt": True}}).privacy.encrypt
+def test_encrypt_covers_uploaded_data_and_says_what_it_does_not_cover_yet(extra, named):
+    with pytest.raises(SpecError, match=rf"data\.prepared\) and recipe_file; not {named} yet"):
+        parse_job_spec({"name": "s", "privacy": {"encrypt": True}, **extra})
+    for data in ({"source": "./text"}, {"prepared": "./p"}):
+        assert parse_job_spec({"name": "s", "data": data, "privacy": {"encrypt": True}}).privacy.encrypt

@@ -62,9 +62,10 @@ def main(argv: list[str]) -> int:
             finally:
                 sender.close()
         else:
-            transport = client
+            transport, unseal = client, None
             if config.encrypted:  # the agent writes the job's data key here once the consumer sealed it
                 transport = SealedTransport(client, _data_key(Path(argv[0]).parent / DATA_KEY, should_stop))
+                unseal = transport.unseal
             summary = run_task(
                 config,
                 transport,
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
                 after_step=(lambda took: time.sleep(max(0.0, min_step_s - took))) if min_step_s > 0 else None,
                 reader=LocalShards(Path(private), cache)
                 if private
-                else FetchedShards(client.get_blob, cache),
+                else FetchedShards(client.get_blob, cache, unseal),
             )
     finally:
         client.close()

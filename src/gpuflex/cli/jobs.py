@@ -46,7 +46,7 @@ def upload_inputs(
 
     dataset = None
     if spec.data.prepared is not None:
-        up = upload_prepared(client, spec, Path(spec.data.prepared).expanduser())
+        up = upload_prepared(client, spec, Path(spec.data.prepared).expanduser(), seal)
         there = f"; the other {up.shards - up.sent} were there already" if up.sent < up.shards else ""
         sent = f"uploaded {up.sent} of {up.shards} shards ({up.sent_bytes:,} bytes)"
         console.print(f"dataset {up.manifest}: {sent}{there}", highlight=False)

@@ -433,13 +433,13 @@ class JobSpec(_Strict):
             )
         if self.privacy.encrypt:
             left = {
-                "data.prepared": self.data.prepared is not None,
                 "data.federated": self.data.federated is not None,
                 "training.model.from": self.training.model.from_ is not None,
             }
             if given := [name for name, used in left.items() if used]:
                 raise ValueError(
-                    f"privacy.encrypt covers a data.source corpus and recipe_file; not {given[0]} yet"
+                    f"privacy.encrypt covers uploaded data (data.source, data.prepared) and recipe_file; "
+                    f"not {given[0]} yet"
                 )
         if token_data is not None:
             if self.training.recipe not in PREPARED_RECIPES:

@@ -140,7 +140,11 @@ class SealedTransport:
         self._inner, self._key = inner, data_key
 
     def get_blob(self, digest: str) -> bytes:
-        return decrypt_blob(self._key, self._inner.get_blob(digest), JOB_BLOB)
+        return self.unseal(self._inner.get_blob(digest))
+
+    def unseal(self, blob: bytes) -> bytes:
+        """A blob of the job opened (a prepared dataset's shards are fetched through the shard cache)."""
+        return decrypt_blob(self._key, blob, JOB_BLOB)
 
     def put_blob(self, data: bytes) -> str:
         return self._inner.put_blob(encrypt_blob(self._key, data, JOB_BLOB))

@@ -94,8 +94,9 @@ def escrow(session: Session, account: Account, job: Job, now: float) -> None:
 
 def check_dataset(msg: m.JobSubmit, blobs: BlobStore) -> None:
     """A job on a prepared dataset: its manifest blob parses, fits the job (``data.fit``: the tokenizer
-    the model, the tokens the workers and block size), and every shard it names is in the store."""
-    if msg.spec.data.prepared is None:
+    the model, the tokens the workers and block size), and every shard it names is in the store. An
+    encrypted one's manifest is ciphertext here: the consumer's CLI checked it before encrypting it."""
+    if msg.spec.data.prepared is None or msg.sealed_key is not None:
         return
     if msg.dataset is None:
         raise BadRequest("data.prepared: upload the dataset's manifest and name it as the job's dataset")

@@ -21,11 +21,12 @@ from typing import TypeVar
 
 import tokenizers
 import uvicorn
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fastapi import FastAPI
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
-from gpuflex.auth.signing import NodeKey
+from gpuflex.auth.signing import NodeKey, sign_sealing_key
 from gpuflex.client.node import NodeClient
 from gpuflex.coordinator.db import (
     AccountBalance,
@@ -43,6 +44,7 @@ from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.ledger import accounts
 from gpuflex.ledger.journal import balances, verify_chain
 from gpuflex.localnet import free_port
+from gpuflex.privacy.envelope import public_bytes
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 
@@ -117,11 +119,14 @@ def register_node(
     key: NodeKey | None = None,
     private_data: Sequence[m.PrivateDataset] = (),
     consumers: Sequence[str] = (),
+    sealing_key: X25519PrivateKey | None = None,
 ) -> NodeClient:
     """A node registered with the coordinator at ``url`` (core with ``core_token``), as its signed client:
     what an agent does before it asks for work, without the agent's benchmark; ``private_data`` and
-    ``consumers``: what an owner announces (``provider start --private-data --allow-consumer``)."""
+    ``consumers``: what an owner announces (``provider start --private-data --allow-consumer``);
+    ``sealing_key``: the X25519 key encrypted jobs' keys are sealed to, signed as an agent signs it."""
     client = NodeClient(url, key or NodeKey.generate())
+    sealing = None if sealing_key is None else public_bytes(sealing_key).hex()
     hardware = m.HardwareProfile(
         cpu_model="test cpu",
         cpu_cores=2,
@@ -142,6 +147,8 @@ def register_node(
             available_hours=available_hours,
             private_data=list(private_data),
             consumers=list(consumers),
+            sealing_key=sealing,
+            sealing_key_signature=None if sealing is None else sign_sealing_key(client.key, sealing),
         )
     )
     return client

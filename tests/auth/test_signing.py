@@ -55,3 +55,16 @@ def test_key_is_made_once_private_and_reloaded(tmp_path):
     first = NodeKey.load_or_create(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert NodeKey.load_or_create(path).public_key_hex == first.public_key_hex
+
+
+def test_a_sealing_key_is_checked_against_the_nodes_own_signature_and_id():
+    from gpuflex.auth.signing import check_sealing_key, sign_sealing_key
+
+    node, other = NodeKey.generate(), NodeKey.generate()
+    sealing = "ab" * 32
+    signed = sign_sealing_key(node, sealing)
+    check_sealing_key(node.node_id, node.public_key_hex, sealing, signed)
+    with pytest.raises(Unauthorized, match="did not sign this sealing key"):
+        check_sealing_key(node.node_id, node.public_key_hex, "cd" * 32, signed)  # a key swapped in
+    with pytest.raises(Unauthorized, match="does not hash to its id"):  # another node's key, and its word
+        check_sealing_key(node.node_id, other.public_key_hex, sealing, sign_sealing_key(other, sealing))

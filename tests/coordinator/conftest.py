@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client, NodeClient, TaskClient
@@ -53,6 +54,7 @@ class Harness:
         key: NodeKey | None = None,
         private_data: Sequence[m.PrivateDataset] = (),
         consumers: Sequence[str] = (),
+        sealing_key: X25519PrivateKey | None = None,
     ) -> NodeClient:
         return register_node(
             self.url,
@@ -66,6 +68,7 @@ class Harness:
             key=key,
             private_data=private_data,
             consumers=consumers,
+            sealing_key=sealing_key,
         )
 
     def task(self, grant: m.LeaseGrant) -> TaskClient:

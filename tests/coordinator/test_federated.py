@@ -138,3 +138,18 @@ def test_a_federated_job_starts_only_once_min_workers_owners_can_run_together(co
     coordinator.node("c", private_data=[_dataset("notes", 3000, "c")], consumers=["lab"], key=nodes["c"].key)
     assert {nodes[n].lease().role for n in ("core", "a", "c")} == {"aggregator", "worker"}
     assert lab.job(job.id).state == "running"
+
+
+def test_an_owner_outside_the_jobs_region_is_not_used_and_the_log_says_so(coordinator):
+    coordinator.node("core", core=True, price=0.3, region="eu")
+    eu = coordinator.node("eu", region="eu", private_data=[_dataset("notes", 100, "e")], consumers=["lab"])
+    us = coordinator.node("us", region="us", private_data=[_dataset("notes", 900, "f")], consumers=["lab"])
+    lab = coordinator.consumer("lab", deposit=5)
+    job = lab.submit(_spec(resources={"region": "eu"}))
+    assert [o.node_id for o in lab.job(job.id).owners] == [node_id_for(eu.key.public_key_hex)]
+    log = [e.message for e in lab.logs(job.id)]
+    us_id = node_id_for(us.key.public_key_hex)
+    assert f"owner us ({us_id}): not used: in region us; resources.region keeps the job's data in eu" in log
+    with pytest.raises(BadRequest, match="no online owner of 'notes' that admits 'lab' is in region 'ap'"):
+        lab.submit(_spec(resources={"region": "ap"}))
+    assert lab.balance().balance == pytest.approx(4.0)  # only the first job's budget moved

@@ -46,3 +46,16 @@ def test_an_owner_asking_more_than_the_price_cap_is_not_used_and_says_so():
     )
     with pytest.raises(BadRequest, match="every online owner of 'notes' that admits 'lab' asks more than"):
         choose_owners("notes", "lab", [dear], max_price_per_hour=0.5)
+
+
+def test_an_owner_outside_the_jobs_region_is_not_used_and_says_so():
+    eu, us = _node("n1", ("notes", 100)), _node("n2", ("notes", 200))
+    eu = OwnerNode(eu.node_id, eu.name, eu.datasets, eu.consumers, region="eu")
+    us = OwnerNode(us.node_id, us.name, us.datasets, us.consumers, region="us")
+    found = choose_owners("notes", "lab", [eu, us], region="EU")
+    assert [o.node_id for o in found.used] == ["n1"]
+    assert found.reasons[1] == (
+        "n2-name (n2): not used: in region us; resources.region keeps the job's data in EU"
+    )
+    with pytest.raises(BadRequest, match="no online owner of 'notes' that admits 'lab' is in region 'eu'"):
+        choose_owners("notes", "lab", [us], region="eu")

@@ -159,3 +159,17 @@ def test_bad_federated_specs_are_refused_naming_the_problem(spec, says):
     with pytest.raises(SpecError) as err:
         parse_job_spec(spec)
     assert says in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"data": {"federated": "notes"}}, "data.federated"),
+        ({"training": {"recipe": "hf-causal-lm", "model": {"from": "./model"}}}, "training.model.from"),
+    ],
+)
+def test_encrypt_covers_uploaded_data_and_says_what_it_does_not_cover_yet(extra, named):
+    with pytest.raises(SpecError, match=rf"data\.prepared\) and recipe_file; not {named} yet"):
+        parse_job_spec({"name": "s", "privacy": {"encrypt": True}, **extra})
+    for data in ({"source": "./text"}, {"prepared": "./p"}):
+        assert parse_job_spec({"name": "s", "data": data, "privacy": {"encrypt": True}}).privacy.encrypt

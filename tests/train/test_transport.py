@@ -138,3 +138,17 @@ def test_wait_for_round_returns_newer_or_finished_or_none_when_stopped(make: Fac
     assert wait_for_round(t, 0, 0.001, should_stop=lambda: next(calls) >= 2) is None
     _publish(t, 1)
     assert wait_for_round(t, 5, 0.001, should_stop=lambda: False).finished
+
+
+def test_a_sealed_transport_stores_only_ciphertext_and_opens_what_it_fetches():
+    from gpuflex.privacy.envelope import new_data_key
+    from gpuflex.train.transport import LocalTransport, SealedTransport, fetch_verified
+
+    inner = LocalTransport(rounds=1, live_workers=1)
+    sealed, other = SealedTransport(inner, new_data_key()), SealedTransport(inner, new_data_key())
+    digest = sealed.put_blob(b"weights of the secret model")
+    assert b"secret" not in inner.get_blob(digest)
+    assert fetch_verified(sealed, digest) == b"weights of the secret model"
+    with pytest.raises(BadRequest, match="another job's data key"):
+        other.get_blob(digest)
+    assert sealed.latest_round() is None  # the rest goes through as it is

@@ -2,6 +2,10 @@
 
     register -> loop { heartbeat (renew leases, learn revocations); lease when idle; watch the task }
 
+An encrypted job's task (``privacy.encrypt``) starts at once and waits for its data key: the watch
+asks the coordinator for the key sealed to this node's X25519 key for the lease (every ``KEY_POLL_S``,
+heartbeats keeping the lease), opens it and writes it into the task's directory.
+
 The heartbeat runs in its own thread so a slow lease call never starves it. One failing duty is
 logged and retried; the daemon lives on (a coordinator restart is an outage, not a crash). On
 SIGTERM it hands its task back (so the market re-leases it at once), says goodbye and exits.
@@ -20,14 +24,18 @@ from pathlib import Path
 from gpuflex.agent.benchmark import run_benchmark
 from gpuflex.agent.hardware import probe_hardware
 from gpuflex.agent.private import announce
+from gpuflex.agent.runner import DATA_KEY
 from gpuflex.agent.sandbox import Limits, TaskProcess, start_task
-from gpuflex.auth.signing import NodeKey
+from gpuflex.auth import sealing
+from gpuflex.auth.signing import NodeKey, sign_sealing_key
 from gpuflex.client import NodeClient
 from gpuflex.data.cache import ShardCache
-from gpuflex.errors import GPUFlexError
+from gpuflex.errors import BadRequest, GPUFlexError
+from gpuflex.privacy.envelope import public_bytes, unseal_key
 from gpuflex.protocol import messages as m
 
 log = logging.getLogger("gpuflex.agent")
+KEY_POLL_S = 1.0  # how often a task waiting for its data key has the coordinator asked
 
 AUDIT_POLL_S = 2.0  # how often a node that may audit asks for served requests to re-check
 SERVING_PREFIX = "serve-"  # the kinds of gpuflex.serve.cheats.SERVING: a server task plays them, a worker not
@@ -63,6 +71,9 @@ class AgentConfig:
 class RunningTask:
     grant: m.LeaseGrant
     process: TaskProcess
+    workdir: Path
+    keyed: bool  # has its data key, or needs none
+    next_key_ask: float = 0.0  # time.monotonic()
 
 
 class Agent:
@@ -71,6 +82,7 @@ class Agent:
         self.limits = config.limits
         self.private_data = announce(config.private_data)  # first: a bad DIR stops the agent here
         self.key = NodeKey.load_or_create(config.data_dir / "node.key")
+        self.sealing_key = sealing.load_or_create(config.data_dir / "sealing.key")
         self.client = NodeClient(config.coordinator_url, self.key, ca=config.ca)
         self.stopping = threading.Event()
         self.heartbeat_interval_s = 2.0
@@ -94,6 +106,7 @@ class Agent:
             log.info("GPU present: tasks get no address-space limit (the CUDA driver reserves tens of GB)")
             self.limits = replace(self.limits, memory_mb=None)
         bench = run_benchmark(hardware.device, self.config.benchmark_s, self.config.task_threads)
+        sealing_hex = public_bytes(self.sealing_key).hex()
         msg = m.NodeRegister(
             name=self.config.name,
             public_key=self.key.public_key_hex,
@@ -105,6 +118,8 @@ class Agent:
             region=self.config.region,
             private_data=self.private_data,
             consumers=list(self.config.consumers),
+            sealing_key=sealing_hex,
+            sealing_key_signature=sign_sealing_key(self.key, sealing_hex),
         )
         while True:
             try:
@@ -228,7 +243,8 @@ class Agent:
             shared=[self.cache.root],
             read_only=[private] if private is not None else [],
         )
-        self.task = RunningTask(grant, process)
+        encrypted = isinstance(grant.task, m.TaskConfig) and grant.task.encrypted
+        self.task = RunningTask(grant, process, workdir, keyed=not encrypted)
         log.info("leased %s task %s of %s (epoch %d)", grant.role, grant.task_id, grant.job_id, grant.epoch)
 
     def _private_dir(self, grant: m.LeaseGrant) -> Path | None:
@@ -251,12 +267,37 @@ class Agent:
             return
         code = task.process.poll()
         if code is None:
+            if not task.keyed:
+                self._deliver_key(task)
             return
         outcome = "completed" if code == 0 else "failed"
         detail = "" if code == 0 else f"exit code {code}: {task.process.tail(1500)}"
         log.info("task of lease %s ended: %s", task.grant.lease_id, outcome)
         self.task = None
         self._report(task.grant, outcome, detail)
+
+    def _deliver_key(self, task: RunningTask) -> None:
+        """Hand the task its job's data key once the consumer sealed it to this node; a key that does not
+        open here fails the task, saying so."""
+        if time.monotonic() < task.next_key_ask:
+            return
+        task.next_key_ask = time.monotonic() + KEY_POLL_S
+        answer = self.client.lease_key(task.grant.lease_id, task.grant.epoch)
+        if answer.sealed_key is None:
+            return
+        try:
+            data_key = unseal_key(bytes.fromhex(answer.sealed_key), self.sealing_key, task.grant.job_id)
+        except BadRequest as err:
+            log.warning("lease %s: %s", task.grant.lease_id, err.message)
+            task.process.terminate(grace_s=5)
+            self.task = None
+            self._report(task.grant, "failed", f"the job's data key cannot be unsealed here: {err.message}")
+            return
+        temp = task.workdir / f".{DATA_KEY}"  # the directory is the task's own, mode 0700
+        temp.write_bytes(data_key)
+        temp.replace(task.workdir / DATA_KEY)
+        task.keyed = True
+        log.info("lease %s: the job's data key handed to its task", task.grant.lease_id)
 
     def _report(self, grant: m.LeaseGrant, outcome: m.LeaseOutcome, detail: str) -> None:
         try:

@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
     from gpuflex.data.fetch import FetchedShards, LocalShards
     from gpuflex.protocol.messages import AnyTaskConfig, ServerConfig
     from gpuflex.train.task import run_task
+    from gpuflex.train.transport import SealedTransport
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if threads := int(os.environ.get("GPUFLEX_TASK_THREADS", "0")):
@@ -61,19 +62,36 @@ def main(argv: list[str]) -> int:
             finally:
                 sender.close()
         else:
+            transport, unseal = client, None
+            if config.encrypted:  # the agent writes the job's data key here once the consumer sealed it
+                transport = SealedTransport(client, _data_key(Path(argv[0]).parent / DATA_KEY, should_stop))
+                unseal = transport.unseal
             summary = run_task(
                 config,
-                client,
+                transport,
                 should_stop=should_stop,
                 after_step=(lambda took: time.sleep(max(0.0, min_step_s - took))) if min_step_s > 0 else None,
                 reader=LocalShards(Path(private), cache)
                 if private
-                else FetchedShards(client.get_blob, cache),
+                else FetchedShards(client.get_blob, cache, unseal),
             )
     finally:
         client.close()
     logging.info("task done: %s", summary)
     return 0
+
+
+DATA_KEY = "data.key"  # in the task's directory: an encrypted job's data key, opened by the agent
+
+
+def _data_key(path: Path, should_stop) -> bytes:
+    """Wait for the agent to write the data key (the job's log says why the task waits meanwhile)."""
+    logging.info("waiting for the job's data key from its consumer")
+    while not path.exists():
+        if should_stop():
+            raise SystemExit(0)
+        time.sleep(0.2)
+    return path.read_bytes()
 
 
 if __name__ == "__main__":

@@ -94,6 +94,27 @@ class NodeKey:
         }
 
 
+def sealing_key_statement(sealing_key_hex: str) -> bytes:
+    """What a node signs to vouch for its X25519 sealing key (``privacy.encrypt``)."""
+    return b"gpuflex/sealing-key/v1/" + bytes.fromhex(sealing_key_hex)
+
+
+def sign_sealing_key(node_key: NodeKey, sealing_key_hex: str) -> str:
+    return node_key.private_key.sign(sealing_key_statement(sealing_key_hex)).hex()
+
+
+def check_sealing_key(node_id: str, public_key_hex: str, sealing_key_hex: str, signature_hex: str) -> None:
+    """Refuse a sealing key that node ``node_id`` did not sign: its id is the hash of ``public_key_hex``,
+    so whoever relays the three (the coordinator) can swap none of them unnoticed."""
+    if node_id_for(public_key_hex) != node_id:
+        raise Unauthorized(f"node {node_id}'s public key does not hash to its id: refusing to seal to it")
+    statement = sealing_key_statement(sealing_key_hex)
+    try:
+        _public_key(public_key_hex).verify(bytes.fromhex(signature_hex), statement)
+    except (InvalidSignature, ValueError):
+        raise Unauthorized(f"node {node_id} did not sign this sealing key: refusing to seal to it") from None
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _public_key(public_key_hex: str) -> Ed25519PublicKey:
     """Parsed once per key: a coordinator checks the same nodes' signatures over and over."""

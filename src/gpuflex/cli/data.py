@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -34,7 +35,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from gpuflex.data.manifest import Shard, numpy_dtype, read_manifest
+from gpuflex.data.manifest import Manifest, Shard, numpy_dtype, read_manifest
 from gpuflex.data.shards import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_FRACTION
 from gpuflex.errors import BadRequest, HashMismatch
 
@@ -139,9 +140,14 @@ class Uploaded:
     sent_bytes: int
 
 
-def upload_prepared(client: Client, spec: JobSpec, directory: Path) -> Uploaded:
+def upload_prepared(
+    client: Client, spec: JobSpec, directory: Path, seal: Callable[[bytes], bytes] | None = None
+) -> Uploaded:
     """Check the prepared dataset in ``directory`` (every shard's hash, and ``data.fit``'s rules for
-    ``spec``), then upload the shards and the manifest that the blob store lacks, with a progress bar."""
+    ``spec``), then upload the shards and the manifest that the blob store lacks, with a progress bar.
+
+    With ``seal`` (``privacy.encrypt``), every shard is sent through it (none is in the store: each
+    ciphertext is new) and the manifest sent names each shard by its ciphertext's hash, through it too."""
     from gpuflex.data.fit import check_job
 
     manifest = read_manifest(directory)
@@ -155,17 +161,34 @@ def upload_prepared(client: Client, spec: JobSpec, directory: Path) -> Uploaded:
         checking = bar.add_task("checking", total=manifest.tokens * itemsize)
         for shard in shards:
             _check_shard(directory, shard, lambda n: bar.update(checking, advance=n))
-        missing = client.missing_blobs([s.sha256 for s in shards] + [manifest.digest])
-        lacking = [s for s in shards if s.sha256 in set(missing.keys)]
+        keys = [] if seal is not None else [s.sha256 for s in shards] + [manifest.digest]
+        missing = client.missing_blobs(keys)
+        lacking = [s for s in shards if seal is not None or s.sha256 in set(missing.keys)]
         _refuse_too_large(lacking, itemsize, missing.max_blob_bytes)
         sending = bar.add_task("uploading", total=sum(s.tokens for s in lacking) * itemsize)
+        stored: dict[str, str] = {}  # a shard's hash -> the hash it is stored by
         for shard in lacking:
-            client.upload((directory / shard.file).read_bytes())
+            data = (directory / shard.file).read_bytes()
+            stored[shard.sha256] = client.upload(seal(data) if seal is not None else data)
             bar.update(sending, advance=shard.tokens * itemsize)
+    sent_bytes = sum(s.tokens for s in lacking) * itemsize
+    if seal is not None:
+        dataset = client.upload(seal(_renamed(manifest, stored).to_bytes()))
+        return Uploaded(dataset, len(shards), len(lacking), sent_bytes)
     if manifest.digest in missing.keys:
         client.upload(manifest.to_bytes())
-    sent_bytes = sum(s.tokens for s in lacking) * itemsize
     return Uploaded(manifest.digest, len(shards), len(lacking), sent_bytes)
+
+
+def _renamed(manifest: Manifest, stored: dict[str, str]) -> Manifest:
+    """``manifest`` naming each shard by the hash it is stored by (an encrypted shard's: its ciphertext's)."""
+
+    def renamed(shards: list[Shard]) -> list[Shard]:
+        return [s.model_copy(update={"sha256": stored[s.sha256]}) for s in shards]
+
+    return manifest.model_copy(
+        update={"train": renamed(manifest.train), "validation": renamed(manifest.validation)}
+    )
 
 
 def _check_shard(directory: Path, shard: Shard, advance) -> None:

@@ -1,9 +1,10 @@
 """Consumer commands: ``gpuflex submit``, ``quote``, ``jobs``, and the ``job`` group
-(``show | logs | cancel | fetch | watch | report``)."""
+(``show | logs | cancel | fetch | watch | report | keys``)."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gpuflex.cli import keys as data_keys
 from gpuflex.cli.data import upload_prepared
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, credits, print_json, settled, table
@@ -27,27 +29,35 @@ from gpuflex.protocol.spec import JobSpec, load_job_spec
 job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
 console = Console()
 JobId = Annotated[str, typer.Argument(help="job id as `gpuflex jobs` lists it, or any unique prefix of it")]
+job_app.command("keys")(data_keys.keys)
 
 
-def upload_inputs(client: Client, spec: JobSpec) -> dict[str, str | None]:
+def upload_inputs(
+    client: Client, spec: JobSpec, seal: Callable[[bytes], bytes] | None = None
+) -> dict[str, str | None]:
     """Upload the job's data — a prepared dataset's shards the blob store lacks and its manifest, or the
-    corpus built from ``data.source`` (unless ``none``) — and its user recipe file, from this machine;
-    returns the ``dataset`` and ``recipe_code`` hashes to submit with."""
+    corpus built from ``data.source`` (unless ``none``) — and its user recipe file, from this machine,
+    each through ``seal`` (``privacy.encrypt``: under the job's data key); returns the ``dataset`` and
+    ``recipe_code`` hashes to submit with."""
     from gpuflex.train.corpus import build_corpus
+
+    def upload(data: bytes) -> str:
+        return client.upload(seal(data) if seal is not None else data)
 
     dataset = None
     if spec.data.prepared is not None:
-        up = upload_prepared(client, spec, Path(spec.data.prepared).expanduser())
+        up = upload_prepared(client, spec, Path(spec.data.prepared).expanduser(), seal)
         there = f"; the other {up.shards - up.sent} were there already" if up.sent < up.shards else ""
         sent = f"uploaded {up.sent} of {up.shards} shards ({up.sent_bytes:,} bytes)"
         console.print(f"dataset {up.manifest}: {sent}{there}", highlight=False)
         dataset = up.manifest
     elif spec.data.source is not None and spec.data.source != "none":
-        dataset = client.upload(build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions))
+        corpus = build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions)
+        dataset = upload(corpus)
     recipe_code = None
     if spec.training.recipe_file is not None:
         try:
-            recipe_code = client.upload(Path(spec.training.recipe_file).read_bytes())
+            recipe_code = upload(Path(spec.training.recipe_file).read_bytes())
         except OSError as err:
             raise BadRequest(f"cannot read recipe_file {spec.training.recipe_file}: {err.strerror}") from None
     return {"dataset": dataset, "recipe_code": recipe_code}
@@ -97,14 +107,19 @@ def submit(
     resources.min_workers workers (default: all) can be placed together; until then it waits, and
     this says why.
 
+    With privacy.encrypt, the dataset and recipe file are encrypted here first, under a data key made
+    here and sealed to this machine's key (~/.gpuflex/sealing.key); the job's nodes get that key only
+    while something here serves it: --watch does, or `gpuflex job keys JOB`.
+
     With --watch, exit code: 0 completed, 3 failed, 4 cancelled, 130 stopped watching (Ctrl-C; the job
     goes on)."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
     spec = upload_model(client, spec)
-    inputs = upload_inputs(client, spec)
+    seal, sealed_key = data_keys.new_job_key() if spec.privacy.encrypt else (None, None)
+    inputs = upload_inputs(client, spec, seal)
     unplaced = _unplaced(client, spec)  # before submitting: what the job's first placement will find
-    job = client.submit(spec, **inputs)
+    job = client.submit(spec, **inputs, sealed_key=sealed_key)
     console.print(
         f"submitted job [bold]{job.id}[/] ({job.name}); budget {credits(job.budget)} credits in escrow"
     )
@@ -113,8 +128,13 @@ def submit(
         for why in unplaced[1:]:
             console.print(f"  {why}", highlight=False)
         console.print(f"`gpuflex job show {job.id}` says why each task waits", highlight=False)
+    if spec.privacy.encrypt and not watch:
+        console.print(
+            f"encrypted: its nodes get the data key only while `gpuflex job keys {job.id}` runs",
+            highlight=False,
+        )
     if watch:
-        _follow(client, job.id)
+        _follow(client, job.id, consumer_client(url, token) if spec.privacy.encrypt else None)
 
 
 def _unplaced(client: Client, spec: JobSpec) -> list[str]:
@@ -254,6 +274,13 @@ def show(job_id: JobId, as_json: Json = False, url: Url = None, token: Token = N
             console.print(f"{t.role} {t.index}: {t.placement}", markup=False, highlight=False)
     if job.privacy is not None:
         console.print(_privacy_line(job.privacy), highlight=False)
+    if job.key_waits:
+        waiting = ", ".join(job.key_waits)
+        console.print(
+            f"privacy.encrypt: {waiting} wait(s) for the data key: run `gpuflex job keys {job.id}`",
+            style="yellow",
+            highlight=False,
+        )
     accounted = job.privacy is not None and job.privacy.delta is not None
     columns = ("round", "val loss", "train loss", "contributions") + (("ε",) if accounted else ())
     rounds = table(*columns, title="rounds")
@@ -348,6 +375,8 @@ def fetch(
     data = client.checkpoint(job_id)
     job = client.job(job_id)  # read after the download: its rounds include the one the checkpoint is of
     digest = hashlib.sha256(data).hexdigest()
+    if job.spec.privacy.encrypt:
+        data = data_keys.open_checkpoint(client, job.id, data)
     of_round = next((r.round for r in job.rounds_log if r.checkpoint == digest), job.round)
     if fmt == "safetensors":
         output = output or Path(f"{job.id}.safetensors")
@@ -398,8 +427,12 @@ def _export_hf(job: JobInfo, checkpoint: bytes, output: Path, base: Path | None,
 def watch(job_id: JobId, url: Url = None, token: Token = None) -> None:
     """Follow a job live until it ends: round, losses, live workers, credits spent.
 
+    An encrypted job's data key is served to its leased nodes meanwhile (as `job keys` does).
+
     Exit code: 0 completed, 3 failed, 4 cancelled, 130 stopped watching (Ctrl-C; the job goes on)."""
-    _follow(consumer_client(url, token), job_id)
+    client = consumer_client(url, token)
+    encrypted = client.job(job_id).spec.privacy.encrypt
+    _follow(client, job_id, consumer_client(url, token) if encrypted else None)
 
 
 @job_app.command("report")
@@ -430,9 +463,13 @@ def _summary(job: JobInfo) -> None:
     )
 
 
-def _follow(client: Client, job_id: str) -> None:
-    """Watch a job to its end and exit with the code its end has (``EXIT_CODES``). Ctrl-C stops the
-    watching, not the job: say so, and how to watch it again or cancel it."""
+def _follow(client: Client, job_id: str, keys_client: Client | None = None) -> None:
+    """Watch a job to its end and exit with the code its end has (``EXIT_CODES``); with ``keys_client``,
+    serve the job's data key meanwhile. Ctrl-C stops the watching, not the job: say so, and how to watch
+    it again or cancel it."""
+    stop_keys = None
+    if keys_client is not None:  # its lines go through the watch's console, above the live view
+        stop_keys = data_keys.in_background(keys_client, job_id, lambda x: console.print(x, highlight=False))
     try:
         job = watch_job(client, job_id, console)
     except KeyboardInterrupt:
@@ -443,5 +480,8 @@ def _follow(client: Client, job_id: str) -> None:
             highlight=False,
         )
         raise typer.Exit(130) from None
+    finally:
+        if stop_keys is not None:
+            stop_keys()
     _summary(job)
     raise typer.Exit(EXIT_CODES.get(job.state, 0))

@@ -57,9 +57,17 @@ class Client:
             limit = answer.max_blob_bytes
         return m.MissingBlobs(keys=missing, max_blob_bytes=limit)
 
-    def submit(self, spec: JobSpec, dataset: str | None = None, recipe_code: str | None = None) -> m.JobInfo:
-        """Submit a job whose inputs (dataset, user recipe file) are already uploaded."""
-        body = m.JobSubmit(spec=spec, dataset=dataset, recipe_code=recipe_code).model_dump(mode="json")
+    def submit(
+        self,
+        spec: JobSpec,
+        dataset: str | None = None,
+        recipe_code: str | None = None,
+        sealed_key: str | None = None,
+    ) -> m.JobInfo:
+        """Submit a job whose inputs (dataset, user recipe file) are already uploaded; ``sealed_key``: an
+        encrypted job's data key sealed to the consumer."""
+        msg = m.JobSubmit(spec=spec, dataset=dataset, recipe_code=recipe_code, sealed_key=sealed_key)
+        body = msg.model_dump(mode="json")
         return m.JobInfo.model_validate(self.http.request("POST", "/v1/jobs", json=body).json())
 
     def jobs(self) -> list[m.JobInfo]:
@@ -80,6 +88,13 @@ class Client:
         """What verification found on the job's contributions, newest first."""
         rows = self.http.request("GET", f"/v1/jobs/{job_id}/verdicts").json()
         return [m.Verdict.model_validate(v) for v in rows]
+
+    def job_keys(self, job_id: str) -> m.JobKeys:
+        """An encrypted job's data key sealed to us, and the live leases waiting for theirs."""
+        return m.JobKeys.model_validate(self.http.request("GET", f"/v1/jobs/{job_id}/keys").json())
+
+    def grant_key(self, job_id: str, grant: m.KeyGrant) -> None:
+        self.http.request("POST", f"/v1/jobs/{job_id}/keys", json=grant.model_dump())
 
     def checkpoint(self, job_id: str) -> bytes:
         return self.http.request("GET", f"/v1/jobs/{job_id}/checkpoint").content

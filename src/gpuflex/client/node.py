@@ -46,6 +46,12 @@ class NodeClient:
         body = finding.model_dump(mode="json")
         self.http.request("POST", f"/v1/nodes/inference-audits/{audit_id}/finding", json=body)
 
+    def lease_key(self, lease_id: str, epoch: int) -> m.LeaseKey:
+        """An encrypted job's data key sealed to us for this live lease, or why not yet."""
+        body = m.LeaseKeyAsk(epoch=epoch).model_dump()
+        response = self.http.request("POST", f"/v1/nodes/leases/{lease_id}/key", json=body)
+        return m.LeaseKey.model_validate(response.json())
+
     def leave(self) -> None:
         self.http.request("POST", "/v1/nodes/leave")
 

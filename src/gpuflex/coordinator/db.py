@@ -75,6 +75,9 @@ class Node(Base):
     # What the node announced of its private datasets (``PrivateDataset``s) and the accounts it admits
     private_data: Mapped[list] = mapped_column(JSON, default=list)
     consumers: Mapped[list] = mapped_column(JSON, default=list)
+    # privacy.encrypt: the X25519 key jobs' data keys are sealed to, signed by the node's Ed25519 key
+    sealing_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    sealing_key_signature: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class Nonce(Base):
@@ -110,6 +113,8 @@ class Job(Base):
     # An auction job's uniform worker price, set when its auction clears (market.pricing).
     clearing_price_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     paid_out_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # its held pay released
+    # privacy.encrypt: the job's data key sealed to its consumer (hex); None: not encrypted
+    sealed_key: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class DeploymentKey(Base):
@@ -170,6 +175,8 @@ class Lease(Base):
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     price_micro: Mapped[int] = mapped_column(BigInteger)
     cost_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    # an encrypted job's data key sealed to this lease's node by the consumer; None: not (yet)
+    sealed_key: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Round(Base):

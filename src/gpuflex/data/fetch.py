@@ -8,6 +8,8 @@ node's ``ShardCache`` when it has one, else into memory. Every shard is checked 
 from the cache too (another job's task shares the cache, and a disk can rot): bytes that do not match
 are fetched once more, then the task fails with ``HashMismatch`` naming the shard. ``cached`` is that
 rule for any blob in the cache: a task's model files come through it too (``train.pretrained``).
+An encrypted job's shards (``privacy.encrypt``) are stored, fetched and cached as ciphertext, named by
+its hash; ``FetchedShards``' ``unseal`` opens each in memory once it checked out.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 from gpuflex.data.cache import Pin, ShardCache
 from gpuflex.data.manifest import Dtype, Shard, map_shard, numpy_dtype, open_shard
-from gpuflex.errors import HashMismatch
+from gpuflex.errors import BadRequest, HashMismatch
 from gpuflex.storage.blobs import sha256_hex
 
 FETCH_TRIES = 2  # a blob whose bytes do not match is fetched once more before the task gives up
@@ -67,22 +69,36 @@ class LocalShards(ShardReader):
 
 class FetchedShards(ShardReader):
     """Shards fetched by hash with ``fetch``, kept in ``cache`` (pinned while this process lives) or, with
-    no cache, in memory."""
+    no cache, in memory; ``unseal``: an encrypted job's, opened in memory after the ciphertext checked out."""
 
-    def __init__(self, fetch: Callable[[str], bytes], cache: ShardCache | None = None):
+    def __init__(
+        self,
+        fetch: Callable[[str], bytes],
+        cache: ShardCache | None = None,
+        unseal: Callable[[bytes], bytes] | None = None,
+    ):
         super().__init__()
-        self.fetch, self.cache = fetch, cache
+        self.fetch, self.cache, self.unseal = fetch, cache, unseal
         self._pins: list[Pin] = []  # held until the process ends: its memmaps read the cached files
 
     def _load(self, shard: Shard, dtype: Dtype) -> np.ndarray:
         what = f"shard {shard.file}"
         if self.cache is None:
             data = _tries(what, shard.sha256, lambda: _checked(self.fetch(shard.sha256), shard.sha256))
-            return np.frombuffer(data, numpy_dtype(dtype))
-        self._pins.append(self.cache.pin(shard.sha256))
-        return map_shard(
-            cached(self.cache, shard.sha256, what, lambda: [self.fetch(shard.sha256)]), shard, dtype
-        )
+        else:
+            self._pins.append(self.cache.pin(shard.sha256))
+            path = cached(self.cache, shard.sha256, what, lambda: [self.fetch(shard.sha256)])
+            if self.unseal is None:
+                return map_shard(path, shard, dtype)
+            data = path.read_bytes()
+        if self.unseal is not None:
+            data = self.unseal(data)
+        tokens = np.frombuffer(data, numpy_dtype(dtype))
+        if len(tokens) != shard.tokens:
+            raise BadRequest(
+                f"shard {shard.file} holds {len(tokens)} tokens, the manifest says {shard.tokens}"
+            )
+        return tokens
 
 
 def cached(cache: ShardCache, digest: str, what: str, chunks: Callable[[], Iterable[bytes]]) -> Path:

@@ -5,8 +5,10 @@ goes to each online node that offers a private dataset named NAME and admits the
 (``gpuflex provider start --private-data NAME=DIR --allow-consumer ACCOUNT``), and that worker may only
 ever run there (``home_reason``; while its owner is away or busy it waits, ``waiting_reason``).
 ``resources.workers`` is ignored: the job gets as many workers as it
-has owners at submit. Of the market's requirements only the price cap applies (an owner asking more
-than ``max_price_per_hour`` is not used): the data decides where a worker runs, not its hardware. Every
+has owners at submit. Of the market's requirements only the region and the price cap apply (an owner
+outside ``resources.region`` is not used: data residency holds for an owner's data as for uploaded data;
+nor is one asking more than ``max_price_per_hour``): the data decides where a worker runs, not its
+hardware. Every
 node that was considered gets a reason a person can read, so a consumer whose job has fewer owners than
 expected sees why.
 
@@ -41,6 +43,7 @@ class OwnerNode:
     datasets: tuple[OfferedDataset, ...]
     consumers: frozenset[str]
     price_per_hour: float = 0.0  # credits per hour
+    region: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,13 +62,17 @@ class Owners:
 
 
 def choose_owners(
-    dataset: str, consumer: str, nodes: Sequence[OwnerNode], max_price_per_hour: float = math.inf
+    dataset: str,
+    consumer: str,
+    nodes: Sequence[OwnerNode],
+    max_price_per_hour: float = math.inf,
+    region: str | None = None,
 ) -> Owners:
-    """The owners of ``dataset`` among ``nodes`` that admit ``consumer`` and ask at most
-    ``max_price_per_hour``, in node id order, with a reason per node that offers any private data;
-    BadRequest (one line) when none qualifies."""
+    """The owners of ``dataset`` among ``nodes`` that admit ``consumer``, lie in ``region`` (any, if
+    None) and ask at most ``max_price_per_hour``, in node id order, with a reason per node that offers
+    any private data; BadRequest (one line) when none qualifies."""
     used, reasons = [], []
-    offering = admitted = False
+    offering = admitted = in_region = False
     for node in sorted(nodes, key=lambda n: n.node_id):
         if not node.datasets:
             continue  # offers no private data at all: not worth a line per node of the market
@@ -79,6 +86,13 @@ def choose_owners(
             reasons.append(f"{who}: not used: does not admit consumer {consumer}")
             continue
         admitted = True
+        if region is not None and node.region.casefold() != region.casefold():
+            reasons.append(
+                f"{who}: not used: in region {node.region or '(none)'}; resources.region keeps the job's "
+                f"data in {region}"
+            )
+            continue
+        in_region = True
         if node.price_per_hour > max_price_per_hour:
             reasons.append(
                 f"{who}: not used: asks {node.price_per_hour:.3f} credits/h, more than max_price_per_hour "
@@ -96,6 +110,11 @@ def choose_owners(
         raise BadRequest(
             f"data.federated: no online owner of {dataset!r} admits account {consumer!r} "
             "(an owner admits an account with --allow-consumer ACCOUNT)"
+        )
+    if not in_region:
+        raise BadRequest(
+            f"data.federated: no online owner of {dataset!r} that admits {consumer!r} is in region "
+            f"{region!r} (resources.region): the job's data may not be used outside it"
         )
     if not used:
         raise BadRequest(

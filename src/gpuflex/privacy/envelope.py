@@ -31,6 +31,9 @@ NONCE_BYTES = 12
 FINGERPRINT_BYTES = 8
 _HEADER = 1 + FINGERPRINT_BYTES
 _SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
+# the purpose of every blob of an encrypted job (dataset, recipe, updates, checkpoints): the data key is
+# that job's alone, and a blob is fetched by the hash of its ciphertext, so no finer slot is needed
+JOB_BLOB = "job blob"
 
 
 def new_data_key() -> bytes:
@@ -109,3 +112,16 @@ def seal_for_nodes(data_key: bytes, node_keys: dict[str, bytes], job_id: str) ->
 
 def unseal_key(sealed: bytes, node_private_key: X25519PrivateKey, job_id: str) -> bytes:
     return unseal(sealed, node_private_key, _info(job_id), "sealed job key", f"for a job other than {job_id}")
+
+
+_CONSUMER = b"gpuflex/consumer-key"  # sealed before the job has an id: bound to its use, not its job
+
+
+def seal_for_consumer(data_key: bytes, consumer_public_key: bytes) -> bytes:
+    """``data_key`` sealed to the consumer's own X25519 key: the copy the job is submitted with, from which
+    the consumer's CLI seals it to nodes and opens the job's checkpoints."""
+    return seal(data_key, consumer_public_key, _CONSUMER)
+
+
+def unseal_for_consumer(sealed: bytes, consumer_private_key: X25519PrivateKey) -> bytes:
+    return unseal(sealed, consumer_private_key, _CONSUMER, "job's data key", "for another use")

@@ -31,6 +31,11 @@ from gpuflex.protocol.spec import DATASET_NAME, JobSpec, TrainingSpec
 API_VERSION = "v1"
 
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="lower-case hex sha256 of a blob")]
+X25519Key = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="a raw X25519 public key, hex")]
+Ed25519Signature = Annotated[str, Field(pattern=r"^[0-9a-f]{128}$", description="an Ed25519 signature, hex")]
+SealedKey = Annotated[
+    str, Field(pattern=r"^[0-9a-f]{2,1024}$", description="a job's data key sealed to one X25519 key, hex")
+]
 NodeKind = Literal["core", "community"]
 JobState = Literal["pending", "scheduled", "running", "completed", "failed", "cancelled"]
 TrainingRole = Literal["aggregator", "worker"]
@@ -151,12 +156,22 @@ class NodeRegister(Message):
     consumers: Annotated[list[AccountName], Field(max_length=1024)] = Field(
         default_factory=list, description="the accounts whose federated jobs may use its private data"
     )
+    sealing_key: X25519Key | None = Field(
+        None, description="the key encrypted jobs' data keys are sealed to (privacy.encrypt)"
+    )
+    sealing_key_signature: Ed25519Signature | None = Field(
+        None,
+        description="sealing_key signed by this node's Ed25519 key (auth.signing.sealing_key_statement): "
+        "consumers check it, so the coordinator cannot swap in a key of its own",
+    )
 
     @model_validator(mode="after")
     def _names_unique(self) -> NodeRegister:
         names = [d.name for d in self.private_data]
         if len(set(names)) != len(names):
             raise ValueError("private_data names a dataset twice")
+        if (self.sealing_key is None) != (self.sealing_key_signature is None):
+            raise ValueError("sealing_key and sealing_key_signature come together")
         return self
 
 
@@ -216,6 +231,11 @@ class TaskConfig(Message):
         None, description="testing only: the gpuflex.train.adversaries kind this worker plays"
     )
     dp: DPTask | None = Field(None, description="privacy.dp: workers clip, the aggregator adds the noise")
+    encrypted: bool = Field(
+        False,
+        description="privacy.encrypt: every blob of the job is sealed under its data key, which the agent "
+        "hands the task once the consumer sealed it to this node",
+    )
 
 
 class ServerConfig(Message):
@@ -297,6 +317,49 @@ class JobSubmit(Message):
         "None if the recipe brings its own data",
     )
     recipe_code: Sha256 | None = Field(None, description="the uploaded recipe file, with recipe 'user'")
+    sealed_key: SealedKey | None = Field(
+        None, description="privacy.encrypt: the job's data key sealed to the consumer's own X25519 key"
+    )
+
+
+class KeyRequest(Message):
+    """A live lease on an encrypted job whose node has no data key yet: what the consumer's CLI needs to
+    check the node's sealing key (signed by the node's Ed25519 key, whose hash is its id) and seal to it."""
+
+    lease_id: str
+    epoch: Count32
+    task: str = Field(description="'worker 0', 'aggregator 0'")
+    node_id: str
+    node_name: str
+    public_key: str = Field(description="the node's Ed25519 public key, hex")
+    sealing_key: X25519Key | None = Field(None, description="None: the node registered without one")
+    sealing_key_signature: Ed25519Signature | None = None
+
+
+class JobKeys(Message):
+    job_id: str = Field(description="the job's whole id: what each node's key is sealed for")
+    sealed_key: SealedKey = Field(description="the job's data key sealed to the consumer")
+    requests: list[KeyRequest]
+    open: bool = Field(description="whether the job still runs: the CLI stops serving keys once it ends")
+
+
+class KeyGrant(Message):
+    """The job's data key sealed to the node holding ``lease_id`` at ``epoch``."""
+
+    lease_id: str
+    epoch: Count32
+    sealed_key: SealedKey
+
+
+class LeaseKeyAsk(Message):
+    epoch: Count32
+
+
+class LeaseKey(Message):
+    """A node's answer for its lease on an encrypted job: its sealed data key, or why it has none yet."""
+
+    sealed_key: SealedKey | None = None
+    waiting: str = ""
 
 
 class JobInfo(Message):
@@ -380,6 +443,11 @@ class JobDetail(JobInfo):
     tasks: list[TaskInfo]
     owners: list[FederatedOwner] = Field(default_factory=list, description="data.federated: its owners")
     privacy: DPStatus | None = Field(None, description="privacy.dp: ε spent, its target and δ")
+    key_waits: list[str] | None = Field(
+        None,
+        description="privacy.encrypt: the leased tasks waiting for the consumer to seal them the data key "
+        "('worker 0 on NAME'); None: not encrypted",
+    )
     rounds_log: list[RoundInfo]
     costs: list[NodeCost]
     clearing_price: float | None = Field(

@@ -11,6 +11,7 @@ Every model is strict (``extra="forbid"``) so a typo is an error that names the 
     data: {source: stdlib}   # or {prepared: ./prepared}: a directory `gpuflex data prepare` wrote
                              # or {federated: notes}: private datasets their owners' nodes offer by name
     privacy: {dp: {clip: 1.0, noise_multiplier: 1.1, delta: 1.0e-5, target_epsilon: 8}}  # federated only
+    privacy: {encrypt: true}   # uploaded data: encrypted on the consumer's machine, the key sealed to nodes
     max_price_per_hour: 0.50
     budget: 2.00
     pricing: fixed          # or auction: a sealed-bid reverse auction for the workers (market/pricing.py)
@@ -367,6 +368,12 @@ class DPSpec(_Strict):
 
 class PrivacySpec(_Strict):
     dp: DPSpec | None = None
+    encrypt: bool = Field(
+        False,
+        description="the dataset, the recipe file and every blob of the job (updates, checkpoints) encrypted "
+        "(AES-GCM, a per-job data key made on the consumer's machine); the key sealed only to nodes "
+        "holding a live lease on the job, by the consumer's CLI (`submit --watch`, `job keys`)",
+    )
 
 
 class JobSpec(_Strict):
@@ -424,6 +431,16 @@ class JobSpec(_Strict):
                 "privacy.dp protects owners' data in a federated job: it needs data.federated (a job on "
                 "uploaded data has no owner to protect from the consumer who uploaded it)"
             )
+        if self.privacy.encrypt:
+            left = {
+                "data.federated": self.data.federated is not None,
+                "training.model.from": self.training.model.from_ is not None,
+            }
+            if given := [name for name, used in left.items() if used]:
+                raise ValueError(
+                    f"privacy.encrypt covers uploaded data (data.source, data.prepared) and recipe_file; "
+                    f"not {given[0]} yet"
+                )
         if token_data is not None:
             if self.training.recipe not in PREPARED_RECIPES:
                 raise ValueError(

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import governance, jobs, verification
+from gpuflex.coordinator.services import governance, jobs, keys, verification
 from gpuflex.errors import Conflict
 from gpuflex.protocol import messages as m
 
@@ -46,6 +46,21 @@ def cancel(job_id: str, account: Consumer, ctx: Ctx) -> m.JobInfo:
         info = jobs.info(s, job, ctx.now())
     log.info("job cancelled", extra={"job_id": info.id})
     return info
+
+
+@router.get("/{job_id}/keys")
+def key_requests(job_id: str, account: Consumer, ctx: Ctx) -> m.JobKeys:
+    """An encrypted job's data key sealed to its owner, and the live leases that wait for theirs."""
+    with ctx.tx() as s:
+        return keys.requests(s, jobs.owned(s, account, job_id))
+
+
+@router.post("/{job_id}/keys")
+def grant_key(job_id: str, body: m.KeyGrant, account: Consumer, ctx: Ctx) -> dict[str, str]:
+    """The data key sealed to one live lease's node (409 once that lease or epoch has ended)."""
+    with ctx.tx() as s:
+        keys.grant(s, jobs.owned(s, account, job_id), body, ctx.now())
+    return {"status": "sealed"}
 
 
 @router.get("/{job_id}/verdicts")

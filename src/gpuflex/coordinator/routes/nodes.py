@@ -12,7 +12,7 @@ from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest, VerifiedSig
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.groupcommit import Grants, Heartbeats
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import inference_audits, leases, registry, stakes
+from gpuflex.coordinator.services import inference_audits, keys, leases, registry, stakes
 from gpuflex.coordinator.web import tokens
 from gpuflex.errors import Unauthorized
 from gpuflex.protocol import messages as m
@@ -75,6 +75,14 @@ def report(lease_id: str, body: m.LeaseReport, node: SignedNode, ctx: Ctx) -> di
         leases.report(s, s.get(Node, node.id), lease_id, body, ctx.now())
     log.info("lease reported", extra={"node_id": node.id, "lease_id": lease_id, "outcome": body.outcome})
     return {"status": "recorded"}
+
+
+@router.post("/leases/{lease_id}/key")
+def lease_key(lease_id: str, body: m.LeaseKeyAsk, node: SignedNode, ctx: Ctx) -> m.LeaseKey:
+    """An encrypted job's data key sealed to this node, for a live lease at its current epoch only
+    (409 otherwise); until the consumer sealed it, why not."""
+    with ctx.tx() as s:
+        return keys.for_lease(s, node.id, lease_id, body.epoch, ctx.now())
 
 
 @router.post("/leave")

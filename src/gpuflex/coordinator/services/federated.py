@@ -40,6 +40,7 @@ def owner_node(node: Node) -> OwnerNode:
         datasets=tuple(OfferedDataset(**d) for d in node.private_data or []),
         consumers=frozenset(node.consumers or []),
         price_per_hour=to_credits(node.price_micro),
+        region=node.region,
     )
 
 
@@ -48,7 +49,9 @@ def owners(session: Session, spec: JobSpec, account: Account) -> Owners:
     ``resources.min_workers``."""
     assert spec.data.federated is not None, "only a federated job has owners"
     nodes = [owner_node(n) for n in registry.online(session)]
-    found = choose_owners(spec.data.federated, account.name, nodes, spec.max_price_per_hour)
+    found = choose_owners(
+        spec.data.federated, account.name, nodes, spec.max_price_per_hour, spec.resources.region
+    )
     need = spec.resources.min_workers
     if need is not None and need > len(found.used):
         raise BadRequest(

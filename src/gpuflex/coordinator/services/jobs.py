@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import dp, federated, ids, leases, ledger, specs, verification
+from gpuflex.coordinator.services import dp, federated, ids, keys, leases, ledger, specs, verification
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.data.fit import check_job
 from gpuflex.data.manifest import parse_manifest
@@ -41,6 +41,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         check_uploaded_model(model.uploaded, model.size, blobs, "training.model.from")
     spec, owners = msg.spec, None
     privacy = dp.submitted(spec)  # a DP setting the accountant refuses is refused before money moves
+    sealed_key = keys.submitted(msg)
     if spec.data.federated is not None:
         if msg.dataset is not None:
             raise BadRequest("data.federated: the data stays with its owners; upload no dataset")
@@ -53,6 +54,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         spec=spec.model_dump(mode="json"),
         dataset=msg.dataset,
         recipe_code=msg.recipe_code,
+        sealed_key=sealed_key,
         state="pending",
         reason="",
         created_at=now,
@@ -92,8 +94,9 @@ def escrow(session: Session, account: Account, job: Job, now: float) -> None:
 
 def check_dataset(msg: m.JobSubmit, blobs: BlobStore) -> None:
     """A job on a prepared dataset: its manifest blob parses, fits the job (``data.fit``: the tokenizer
-    the model, the tokens the workers and block size), and every shard it names is in the store."""
-    if msg.spec.data.prepared is None:
+    the model, the tokens the workers and block size), and every shard it names is in the store. An
+    encrypted one's manifest is ciphertext here: the consumer's CLI checked it before encrypting it."""
+    if msg.spec.data.prepared is None or msg.sealed_key is not None:
         return
     if msg.dataset is None:
         raise BadRequest("data.prepared: upload the dataset's manifest and name it as the job's dataset")
@@ -276,6 +279,7 @@ def detail(session: Session, job: Job, now: float) -> m.JobDetail:
         tasks=[task_info(t) for t in tasks],
         owners=federated.owners_of(session, job, spec),
         privacy=dp.status(spec, job.round),
+        key_waits=keys.waits(session, job),
         rounds_log=[
             m.RoundInfo(
                 round=r.round,

@@ -230,6 +230,7 @@ def _task_config(task: Row, spec: specs.Spec, weights: dict[str, int] | None) ->
         federated=spec.data.federated,
         weights=weights,
         dp=dp.task(spec),
+        encrypted=spec.privacy.encrypt,
     )
 
 

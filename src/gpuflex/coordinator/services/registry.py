@@ -14,7 +14,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpuflex.auth.signing import HEADER_NODE, node_id_for, signed_request
+from gpuflex.auth.signing import HEADER_NODE, check_sealing_key, node_id_for, signed_request
 from gpuflex.coordinator.db import Node, Nonce
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Forbidden, Unauthorized
@@ -77,6 +77,8 @@ def register(
     if msg.kind == "core" and msg.core_token != settings.resolved_core_token():
         raise Forbidden("registering a core node needs the operator's core token")
     node_id = node_id_for(msg.public_key)
+    if msg.sealing_key is not None and msg.sealing_key_signature is not None:
+        check_sealing_key(node_id, msg.public_key, msg.sealing_key, msg.sealing_key_signature)
     node = session.get(Node, node_id) or Node(
         id=node_id, public_key=msg.public_key, registered_at=now, heartbeats=0, presence_s=0.0
     )
@@ -91,6 +93,7 @@ def register(
     node.available_until = None if msg.available_hours is None else now + msg.available_hours * 3600
     node.private_data = [d.model_dump() for d in msg.private_data]
     node.consumers = sorted(set(msg.consumers))
+    node.sealing_key, node.sealing_key_signature = msg.sealing_key, msg.sealing_key_signature
     if node.online_since is None:  # new, or back after leaving; a restart without leaving stays present
         node.online_since = now
     node.state = "online"

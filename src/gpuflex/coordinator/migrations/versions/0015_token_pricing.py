@@ -3,7 +3,7 @@ another account has no hash until its holder claims it); the owner's account-tok
 own per deployment (``account_token``)
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 Create Date: 2026-11-26 15:00:00
 """
 

@@ -108,6 +108,12 @@ def test_a_federated_job_runs_one_worker_on_each_admitting_owner_and_only_there(
             ),
             "over 10000 rounds needs a noise multiplier above 100",
         ),
+        (
+            "lab",
+            _spec(privacy={"secure_aggregation": True}),
+            "privacy.secure_aggregation with 2 owner.s. of the data: secure aggregation needs at least 3 "
+            "workers, not 2",
+        ),
     ],
 )
 def test_bad_federated_input_is_one_line_and_no_money_moves(coordinator, consumer, spec, says):

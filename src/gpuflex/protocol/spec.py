@@ -367,6 +367,16 @@ class DPSpec(_Strict):
 
 class PrivacySpec(_Strict):
     dp: DPSpec | None = None
+    secure_aggregation: bool = Field(
+        False,
+        description="owners mask their updates (Bonawitz et al.): the aggregator learns only their sum "
+        "(federated jobs of at least 3 owners)",
+    )
+    secagg_threshold: Annotated[int, Field(ge=2, le=1000)] | None = Field(
+        None,
+        description="the fewest owners whose masked updates a round needs (a majority of the owners or "
+        "more; default: the smallest majority, owners // 2 + 1)",
+    )
 
 
 class JobSpec(_Strict):
@@ -424,6 +434,12 @@ class JobSpec(_Strict):
                 "privacy.dp protects owners' data in a federated job: it needs data.federated (a job on "
                 "uploaded data has no owner to protect from the consumer who uploaded it)"
             )
+        if self.privacy.secure_aggregation and self.data.federated is None:
+            raise ValueError(
+                "privacy.secure_aggregation masks owners' updates in a federated job: it needs data.federated"
+            )
+        if self.privacy.secagg_threshold is not None and not self.privacy.secure_aggregation:
+            raise ValueError("privacy.secagg_threshold needs privacy.secure_aggregation: true")
         if token_data is not None:
             if self.training.recipe not in PREPARED_RECIPES:
                 raise ValueError(

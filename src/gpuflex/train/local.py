@@ -65,6 +65,8 @@ from gpuflex.protocol.messages import (
     PeerAuditReport,
     RoundPublish,
     RoundState,
+    SecAggList,
+    SecAggPost,
     TaskConfig,
     VerdictSubmit,
 )
@@ -393,6 +395,12 @@ class _HubClient:
 
     def report_peer_audit(self, r: PeerAuditReport) -> None:
         self._call("report_peer_audit", r)
+
+    def post_secagg(self, p: SecAggPost) -> None:
+        self._call("post_secagg", p)
+
+    def secagg_messages(self, round: int) -> SecAggList:
+        return self._call("secagg_messages", round)
 
     def contributions(self, round: int) -> ContributionList:
         return self._call("contributions", round)

@@ -44,10 +44,11 @@ def play(
     """One round: the aggregator and one thread per owner; the mean it gets, and the hub."""
     hub = LocalTransport(rounds=1, live_workers=len(weights), task_id="agg")
     hub.publish_round(RoundPublish(round=0, state_hash=HASH, checkpoint=hub.put_blob(b"state")))
+    spec = TrainingSpec(round_timeout_s=timeout_s)
+    threshold = len(weights) // 2 + 1
     aggregator = SecureAggregator.start(
-        hub, "job-s", weights, len(weights) // 2 + 1, dp, _delta(0.0), TrainingSpec(round_timeout_s=timeout_s),
-        0.01, lambda: False,
-    )  # fmt: skip
+        hub, "job-s", weights, threshold, dp, _delta(0.0), spec, 0.01, lambda: False
+    )
     aggregator.open(0)
 
     def owner(task: str) -> None:
@@ -164,7 +165,9 @@ def test_the_relay_refuses_what_would_break_an_attempt():
         (0, "shares", "t-a"),
         (0, "shares", "t-b"),
         (1, "roster", "agg"),
-    ] + [(1, "shares", "t-a"), (1, "shares", "t-b")]
+        (1, "shares", "t-a"),
+        (1, "shares", "t-b"),
+    ]
     assert [m.kind for m in hub.secagg_messages(0).messages][-1] == "reveal"  # the aggregator reads it
 
 

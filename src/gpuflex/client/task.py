@@ -70,8 +70,8 @@ class TaskClient:
     def post_secagg(self, p: m.SecAggPost) -> None:
         self.http.request("POST", "/v1/task/secagg", json=p.model_dump())
 
-    def secagg_messages(self, round: int) -> m.SecAggList:
-        response = self.http.request("GET", "/v1/task/secagg", params={"round": round})
+    def secagg_messages(self, round: int, after: int = -1) -> m.SecAggList:
+        response = self.http.request("GET", "/v1/task/secagg", params={"round": round, "after": after})
         return m.SecAggList.model_validate(response.json())
 
     def contributions(self, round: int) -> m.ContributionList:

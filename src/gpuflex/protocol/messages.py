@@ -679,6 +679,7 @@ class SecAggPost(Message):
 
 class SecAggMessage(SecAggPost):
     sender: str = Field(description="the task that posted it (the coordinator says so, not the sender)")
+    seq: int = Field(description="its place in the job's messages: read on ``after`` it")
 
 
 class SecAggList(Message):

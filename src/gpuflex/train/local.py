@@ -399,8 +399,8 @@ class _HubClient:
     def post_secagg(self, p: SecAggPost) -> None:
         self._call("post_secagg", p)
 
-    def secagg_messages(self, round: int) -> SecAggList:
-        return self._call("secagg_messages", round)
+    def secagg_messages(self, round: int, after: int = -1) -> SecAggList:
+        return self._call("secagg_messages", round, after)
 
     def contributions(self, round: int) -> ContributionList:
         return self._call("contributions", round)

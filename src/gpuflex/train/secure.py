@@ -36,6 +36,7 @@ import base64
 import json
 import math
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -143,6 +144,8 @@ class _Mailbox:
     transport: Transport
     poll_interval_s: float
     should_stop: Callable[[], bool]
+    seen: dict[int, list[SecAggMessage]] = field(default_factory=dict)  # by round: what was read so far
+    lock: threading.Lock = field(default_factory=threading.Lock)  # a worker reads from two threads
 
     def post(self, round: int, attempt: int, kind: SecAggKind, body: dict, to: str = "*") -> None:
         self.transport.post_secagg(
@@ -150,7 +153,12 @@ class _Mailbox:
         )
 
     def read(self, round: int) -> list[SecAggMessage]:
-        return self.transport.secagg_messages(round).messages
+        """Every message of ``round`` this task may read; only the new ones cross the wire."""
+        with self.lock:  # a task works on one round, or two with overlap: older ones are forgotten
+            self.seen = {r: v for r, v in self.seen.items() if r >= round - 1}
+            seen = self.seen.setdefault(round, [])
+            seen += self.transport.secagg_messages(round, seen[-1].seq if seen else -1).messages
+            return list(seen)
 
     def closed(self, round: int) -> bool:
         latest = self.transport.latest_round()

@@ -162,8 +162,10 @@ class ThrottledTransport:
     def post_secagg(self, p: SecAggPost) -> None:
         self._cross(_json_size(p), lambda: self.inner.post_secagg(p), _json_size)
 
-    def secagg_messages(self, round: int) -> SecAggList:
-        return self._cross(_json_size(round), lambda: self.inner.secagg_messages(round), _json_size)
+    def secagg_messages(self, round: int, after: int = -1) -> SecAggList:
+        return self._cross(
+            _json_size([round, after]), lambda: self.inner.secagg_messages(round, after), _json_size
+        )
 
     def contributions(self, round: int) -> ContributionList:
         return self._cross(_json_size(round), lambda: self.inner.contributions(round), _json_size)

@@ -108,8 +108,9 @@ class Transport(Protocol):
         """A secure-aggregation message of this task (``train.secure``); a retry of one stored is a no-op."""
         ...
 
-    def secagg_messages(self, round: int) -> SecAggList:
-        """The secure-aggregation messages of ``round`` this task may read, in the order posted."""
+    def secagg_messages(self, round: int, after: int = -1) -> SecAggList:
+        """The secure-aggregation messages of ``round`` this task may read, in the order posted: those
+        after ``seq`` ``after``."""
         ...
 
     def contributions(self, round: int) -> ContributionList: ...
@@ -333,12 +334,13 @@ class LocalTransport:
                 self._hub.aggregator = self.task_id
             existing = self._hub.secagg.setdefault(p.round, [])
             if mailbox.check_post(existing, p, self.task_id, self.task_id == self._hub.aggregator):
-                existing.append(SecAggMessage(sender=self.task_id, **p.model_dump()))
+                seq = sum(map(len, self._hub.secagg.values()))
+                existing.append(SecAggMessage(sender=self.task_id, seq=seq, **p.model_dump()))
 
-    def secagg_messages(self, round: int) -> SecAggList:
+    def secagg_messages(self, round: int, after: int = -1) -> SecAggList:
         with self._hub.lock:
             is_aggregator = self.task_id == self._hub.aggregator
-            messages = self._hub.secagg.get(round, [])
+            messages = [m for m in self._hub.secagg.get(round, []) if m.seq > after]
             return SecAggList(
                 messages=[m for m in messages if mailbox.visible(m, self.task_id, is_aggregator)]
             )

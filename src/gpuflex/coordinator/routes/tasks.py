@@ -49,10 +49,16 @@ def post_secagg(body: m.SecAggPost, lease: TaskLease, ctx: Ctx) -> dict[str, str
 
 
 @router.get("/secagg")
-def secagg_messages(lease: TaskLease, ctx: Ctx, round: int = Query(ge=0, le=m.INT32_MAX)) -> m.SecAggList:
-    """The round's messages this task may read: the aggregator all, a worker those to all and to it."""
+def secagg_messages(
+    lease: TaskLease,
+    ctx: Ctx,
+    round: int = Query(ge=0, le=m.INT32_MAX),
+    after: int = Query(-1, ge=-1, le=2**63 - 1),
+) -> m.SecAggList:
+    """The round's messages after ``after`` (a ``seq``) this task may read: the aggregator all, a worker
+    those to all and to it."""
     with ctx.read() as s:
-        return secure.messages(s, lease, round)
+        return secure.messages(s, lease, round, after)
 
 
 @router.post("/audit-states")

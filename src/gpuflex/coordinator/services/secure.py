@@ -54,22 +54,25 @@ def post(session: Session, lease: Lease, msg: m.SecAggPost, now: float) -> None:
         )
 
 
-def messages(session: Session, lease: Lease, round_: int) -> m.SecAggList:
+def messages(session: Session, lease: Lease, round_: int, after: int = -1) -> m.SecAggList:
+    """What the task may read of ``round_`` after ``seq`` ``after``. The seqs are row ids, inserted under
+    the job's row lock (``post``): a job's messages commit in seq order, so a reader never skips one."""
     is_aggregator = session.get(Task, lease.task_id).role == "aggregator"
-    return m.SecAggList(
-        messages=[
-            x
-            for x in _read(session, lease.job_id, round_)
-            if mailbox.visible(x, lease.task_id, is_aggregator)
-        ]
-    )
+    rows = _read(session, lease.job_id, round_, after)
+    return m.SecAggList(messages=[x for x in rows if mailbox.visible(x, lease.task_id, is_aggregator)])
 
 
-def _read(session: Session, job_id: str, round_: int) -> list[m.SecAggMessage]:
-    rows = session.scalars(select(Row).where(Row.job_id == job_id, Row.round == round_).order_by(Row.id))
+def _read(session: Session, job_id: str, round_: int, after: int = -1) -> list[m.SecAggMessage]:
+    query = select(Row).where(Row.job_id == job_id, Row.round == round_, Row.id > after)
     return [
         m.SecAggMessage(
-            round=r.round, attempt=r.attempt, kind=r.kind, to=r.recipient, body=r.body, sender=r.sender
+            round=r.round,
+            attempt=r.attempt,
+            kind=r.kind,
+            to=r.recipient,
+            body=r.body,
+            sender=r.sender,
+            seq=r.id,
         )
-        for r in rows
+        for r in session.scalars(query.order_by(Row.id))
     ]

@@ -5,86 +5,26 @@ and the relay refuses what would let an attempt be replaced after someone masked
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
 
 from gpuflex.errors import BadRequest, Conflict, Forbidden
 from gpuflex.privacy.fixedpoint import flatten
-from gpuflex.protocol.messages import ContributionSubmit, DPTask, RoundPublish, SecAggPost, TaskConfig
-from gpuflex.protocol.spec import JobSpec, TrainingSpec
-from gpuflex.train.secure import SecureAggregator, SecureWorker, unpack_masked
+from gpuflex.protocol.messages import DPTask, SecAggPost
+from gpuflex.protocol.spec import JobSpec
+from gpuflex.train.secure import rehearse, unpack_masked
 from gpuflex.train.transport import LocalTransport
 
 HASH = "0" * 64
-
-
-def _config(task: str, weights: dict[str, int], dp: DPTask | None) -> TaskConfig:
-    return TaskConfig(
-        job_id="job-s", task_id=task, role="worker", worker_index=0, num_workers=len(weights),
-        training=TrainingSpec(), weights=weights, dp=dp, secure_aggregation=len(weights) // 2 + 1,
-    )  # fmt: skip
 
 
 def _delta(value: float) -> dict[str, torch.Tensor]:
     return {"a.weight": torch.full((3, 4), value), "b.bias": torch.linspace(-value, value, 5)}
 
 
-def play(
-    weights: dict[str, int],
-    values: dict[str, float],
-    *,
-    dp: DPTask | None = None,
-    vanish_after_sharing: frozenset[str] = frozenset(),
-    never_share: frozenset[str] = frozenset(),
-    timeout_s: float = 5.0,
-) -> tuple[dict[str, torch.Tensor], LocalTransport]:
-    """One round: the aggregator and one thread per owner; the mean it gets, and the hub."""
-    hub = LocalTransport(rounds=1, live_workers=len(weights), task_id="agg")
-    hub.publish_round(RoundPublish(round=0, state_hash=HASH, checkpoint=hub.put_blob(b"state")))
-    spec = TrainingSpec(round_timeout_s=timeout_s)
-    threshold = len(weights) // 2 + 1
-    aggregator = SecureAggregator.start(
-        hub, "job-s", weights, threshold, dp, _delta(0.0), spec, 0.01, lambda: False
-    )
-    aggregator.open(0)
-
-    def owner(task: str) -> None:
-        view = hub.for_task(task)
-        worker = SecureWorker.start(_config(task, weights, dp), view, 0.01, lambda: False)
-        session = worker.prepare(0)
-        if session is None or task in vanish_after_sharing:
-            return
-        blob = worker.masked_blob(session, _delta(values[task]))
-        view.submit_contribution(
-            ContributionSubmit(round=0, delta=view.put_blob(blob), tokens=1, steps=1, train_loss=1.0)
-        )
-        worker.reveal(session)
-
-    threads = [threading.Thread(target=owner, args=(t,)) for t in weights if t not in never_share]
-    for t in threads:
-        t.start()
-    expected = len(weights) - len(never_share) - len(vanish_after_sharing)
-    while True:  # the gatherer's loop, cut down: tend the roster until the survivors' vectors are in
-        listing = hub.contributions(0)
-        aggregator.tend(0, len(weights) - len(never_share))  # the coordinator's count of live workers
-        used = [
-            (c, v)
-            for c in listing.contributions
-            if (v := aggregator.parse(hub.get_blob(c.delta))) is not None
-        ]
-        if len(used) >= expected:
-            break
-        threading.Event().wait(0.01)
-    mean = aggregator.mean(0, sorted(used, key=lambda x: x[0].task_id))
-    hub.publish_round(
-        RoundPublish(round=1, state_hash=HASH, update=hub.put_blob(b"u"), checkpoint=hub.put_blob(b"s"))
-    )
-    for t in threads:
-        t.join(10)
-    return mean, hub
+def play(weights: dict[str, int], values: dict[str, float], **kwargs):
+    return rehearse({t: _delta(values[t]) for t in weights}, weights, **kwargs)
 
 
 def _flat(delta: dict[str, torch.Tensor]) -> np.ndarray:

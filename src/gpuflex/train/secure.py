@@ -50,9 +50,18 @@ from gpuflex.privacy.dp import clip as clip_to
 from gpuflex.privacy.dp import mean_noise_std
 from gpuflex.privacy.fixedpoint import Layout, flatten, unflatten
 from gpuflex.privacy.masks import Share
-from gpuflex.protocol.messages import Contribution, DPTask, SecAggKind, SecAggMessage, SecAggPost, TaskConfig
+from gpuflex.protocol.messages import (
+    Contribution,
+    ContributionSubmit,
+    DPTask,
+    RoundPublish,
+    SecAggKind,
+    SecAggMessage,
+    SecAggPost,
+    TaskConfig,
+)
 from gpuflex.protocol.spec import TrainingSpec
-from gpuflex.train.transport import Transport
+from gpuflex.train.transport import LocalTransport, Transport
 
 Delta = dict[str, torch.Tensor]
 NO_DP_RANGE = 1.0  # without DP, each value of an owner's weighted delta is clipped to ±this (no L2 bound)
@@ -480,3 +489,78 @@ class SecureAggregator:
             came = sum(self.weights[c.task_id] for c, _ in used if c.task_id in index)
             total = total * (sum(self.weights.values()) / came)
         return unflatten(total, self.layout)
+
+
+def rehearse(
+    deltas: dict[str, Delta],
+    weights: dict[str, int],
+    *,
+    dp: DPTask | None = None,
+    vanish_after_sharing: frozenset[str] = frozenset(),
+    never_share: frozenset[str] = frozenset(),
+    timeout_s: float = 5.0,
+    poll_interval_s: float = 0.005,
+) -> tuple[Delta, LocalTransport]:
+    """One round played in this process, each owner (``deltas``' keys, its decoded pseudo-gradient) on a
+    thread, the aggregator here, over a ``LocalTransport`` with the job's rules: an owner in
+    ``vanish_after_sharing`` is gone once its shares are out, one in ``never_share`` never comes. The
+    round's mean, and the hub (its logs, its contributions). For tests and ``bench/federated_secagg.py``."""
+    hub = LocalTransport(rounds=1, live_workers=len(weights), task_id="aggregator")
+    state = "0" * 64
+    hub.publish_round(RoundPublish(round=0, state_hash=state, checkpoint=hub.put_blob(b"round 0")))
+    threshold = secagg.job_threshold(len(weights))
+    spec = TrainingSpec(round_timeout_s=timeout_s)
+    like = next(iter(deltas.values()))
+    stop = threading.Event()
+    aggregator = SecureAggregator.start(
+        hub, "rehearsal", weights, threshold, dp, like, spec, poll_interval_s, stop.is_set
+    )
+    aggregator.open(0)
+
+    def owner(task: str) -> None:
+        view = hub.for_task(task)
+        config = TaskConfig(
+            job_id="rehearsal",
+            task_id=task,
+            role="worker",
+            worker_index=sorted(weights).index(task),
+            num_workers=len(weights),
+            training=spec,
+            weights=weights,
+            dp=dp,
+            secure_aggregation=threshold,
+        )
+        worker = SecureWorker.start(config, view, poll_interval_s, stop.is_set)
+        session = worker.prepare(0)
+        if session is None or task in vanish_after_sharing:
+            return
+        blob = worker.masked_blob(session, deltas[task])
+        digest = view.put_blob(blob)
+        view.submit_contribution(ContributionSubmit(round=0, delta=digest, tokens=1, steps=1, train_loss=1.0))
+        worker.reveal(session)
+
+    threads = [
+        threading.Thread(target=owner, args=(t,), daemon=True) for t in weights if t not in never_share
+    ]
+    for t in threads:
+        t.start()
+    live = len(weights) - len(never_share)  # as the coordinator counts them while the others share
+    coming = live - len(vanish_after_sharing)
+    try:
+        deadline = time.monotonic() + timeout_s * 3
+        while time.monotonic() < deadline:  # the gatherer's loop, cut down
+            aggregator.tend(0, live)
+            listing = hub.contributions(0).contributions
+            used = [(c, v) for c in listing if (v := aggregator.parse(hub.get_blob(c.delta))) is not None]
+            if len(used) >= coming:
+                break
+            time.sleep(poll_interval_s)
+        mean = aggregator.mean(0, sorted(used, key=lambda x: x[0].task_id))
+        assert mean is not None, "the rehearsal is never told to stop before its end"
+        update = hub.put_blob(b"round 1")
+        hub.publish_round(RoundPublish(round=1, state_hash=state, update=update, checkpoint=update))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout_s)
+    return mean, hub

@@ -1,12 +1,15 @@
 """Federated jobs through the real API: owners announce private datasets; a job gets one worker per online
 owner that admits its account, each tied to its owner's node; the log says why each node was or was not
-used; bad input is one line before money moves; a lost owner's worker waits for it."""
+used; bad input is one line before money moves; a lost owner's worker waits for it; secure aggregation's
+messages are relayed by the relay's rules."""
+
+import json
 
 import pytest
 
 from gpuflex.auth.signing import node_id_for
 from gpuflex.coordinator.app import reap_once
-from gpuflex.errors import BadRequest
+from gpuflex.errors import BadRequest, Conflict, Forbidden
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 
@@ -144,3 +147,34 @@ def test_a_federated_job_starts_only_once_min_workers_owners_can_run_together(co
     coordinator.node("c", private_data=[_dataset("notes", 3000, "c")], consumers=["lab"], key=nodes["c"].key)
     assert {nodes[n].lease().role for n in ("core", "a", "c")} == {"aggregator", "worker"}
     assert lab.job(job.id).state == "running"
+
+
+def test_secure_aggregation_hands_its_tasks_the_threshold_and_weights_and_relays_their_messages(coordinator):
+    nodes, _ = _owners(coordinator)
+    nodes["e"] = coordinator.node("e", private_data=[_dataset("notes", 2000, "e")], consumers=["lab"])
+    lab = coordinator.consumer("lab", deposit=5)
+    job = lab.submit(_spec(privacy={"secure_aggregation": True}))
+    grants = {n: nodes[n].lease() for n in ("core", "a", "c", "e")}
+    weights = {o.task_id: o.tokens for o in lab.job(job.id).owners}
+    assert len(weights) == 3
+    for grant in grants.values():  # a majority of 3; every task knows every owner's weight
+        assert grant.task.secure_aggregation == 2 and grant.task.weights == weights
+    agg, a, c, e = (coordinator.task(grants[n]) for n in ("core", "a", "c", "e"))
+    agg.publish_round(m.RoundPublish(round=0, state_hash="0" * 64, checkpoint=agg.put_blob(b"round 0")))
+    roster = json.dumps({"tasks": sorted(weights)})
+    agg.post_secagg(m.SecAggPost(round=0, attempt=0, kind="roster", body=roster))
+    a.post_secagg(m.SecAggPost(round=0, attempt=0, kind="keys", body='{"key": "k"}'))
+    a.post_secagg(m.SecAggPost(round=0, attempt=0, kind="reveal", to="aggregator", body="{}"))
+    with pytest.raises(Conflict, match="already posted its keys of attempt 0"):
+        a.post_secagg(m.SecAggPost(round=0, attempt=0, kind="keys", body='{"key": "other"}'))
+    with pytest.raises(Forbidden, match="a roster message is the aggregator's to post"):
+        c.post_secagg(m.SecAggPost(round=0, attempt=1, kind="roster", body=roster))
+    with pytest.raises(Conflict, match="round 1 is not open"):
+        c.post_secagg(m.SecAggPost(round=1, attempt=0, kind="keys", body="{}"))
+    seen = e.secagg_messages(0).messages  # not a's reveal: that is the aggregator's alone
+    assert [(x.kind, x.sender) for x in seen] == [
+        ("roster", grants["core"].task_id),
+        ("keys", grants["a"].task_id),
+    ]
+    assert [x.kind for x in e.secagg_messages(0, after=seen[0].seq).messages] == ["keys"]
+    assert [x.kind for x in agg.secagg_messages(0).messages] == ["roster", "keys", "reveal"]

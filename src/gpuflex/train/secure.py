@@ -426,7 +426,12 @@ class SecureAggregator:
                 "nothing can be unmasked, the model stays"
             )
             return zero
-        box.post(round, roster.attempt, "request", {"survivors": survivors})
+        asked = _of(box.read(round), roster.attempt, "request")
+        if asked:  # a predecessor asked already (this aggregator is its replacement): the same survivors
+            survivors = [t for t in _body(next(iter(asked.values())))["survivors"] if t in index]
+            used = [(c, v) for c, v in used if c.task_id in survivors]
+        else:
+            box.post(round, roster.attempt, "request", {"survivors": survivors})
         deadline = time.monotonic() + self.timeout_s
         while not box.should_stop():
             messages = box.read(round)

@@ -495,6 +495,7 @@ class _Loop:
         if self.secure is not None:
             session = self.sessions.pop(submission.round).result()
             if session is None:
+                self.replica.feedback.revert()  # nothing was sent: the residual stays as it was
                 self.transport.log(
                     f"round {submission.round}: not in the round's secure aggregation (it closed, or went on "
                     "without this owner): no contribution"

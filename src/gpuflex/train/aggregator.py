@@ -80,6 +80,7 @@ class AggregatorSummary:
     audits: int = 0  # audits finished (no-shows included)
     verification_s: float = 0.0  # compute spent screening and auditing
     bytes_published: int = 0  # update blobs sent to the workers (checkpoints not counted)
+    secure_s: float = 0.0  # under secure aggregation: from the round's quorum to its unmasked sum
 
 
 @dataclass
@@ -256,8 +257,10 @@ def aggregate(
         if used is None:
             return agg.summary
         if secure is not None:
+            began = time.monotonic()
             if (mean := secure.mean(r, used)) is None:
                 return agg.summary
+            agg.summary.secure_s += time.monotonic() - began
             agg.publish(r + 1, [c for c, _ in used], agg.step(mean))
             continue
         if verifier is not None and (used := _verify(agg, gather, verifier, r, used)) is None:

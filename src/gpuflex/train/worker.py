@@ -86,6 +86,7 @@ class WorkerSummary:
     bytes_received: int = 0  # updates and checkpoints downloaded (the dataset not counted)
     compute_s: float = 0.0  # time spent in inner steps
     peer_audit_s: float = 0.0  # time spent re-running other workers' segments as their peer
+    secure_s: float = 0.0  # under secure aggregation: waiting for the round's shares after training, masking
     wall_s: float = 0.0  # from the first round's start (joined) to the end
     finished: bool = False  # the job finished (rather than this worker being told to stop)
     peak_memory_mb: float = 0.0  # the training device's peak allocation (CUDA), or the process's peak RSS
@@ -493,6 +494,7 @@ class _Loop:
     def _send(self, blob: bytes, submission: ContributionSubmit, result: RoundResult) -> None:
         session = None
         if self.secure is not None:
+            began = time.monotonic()
             session = self.sessions.pop(submission.round).result()
             if session is None:
                 self.replica.feedback.revert()  # nothing was sent: the residual stays as it was
@@ -502,6 +504,7 @@ class _Loop:
                 )
                 return
             blob = self.secure.masked_blob(session, self.replica.decode(blob))
+            self.summary.secure_s += time.monotonic() - began
         submission = submission.model_copy(update={"delta": self.transport.put_blob(blob)})
         try:
             receipt = self.transport.submit_contribution(submission)

@@ -6,10 +6,11 @@ secure-aggregation half; ``bench/federated.py`` measures the rest).
 - ``secagg_bytes_ratio``: bytes per round with secure aggregation ÷ without, the same job and compression
   (target ≤ 1.5). The job runs twice through ``train.local.run_local``: real worker and aggregator
   processes playing the round protocol's code over an in-process hub (not HTTP, not the coordinator), 4
-  workers of equal weight, ``compression: none`` (a masked vector is 32-bit words: it cannot carry a
-  quantized compressor's codes, so the ratio under int8 is measured too, ``secagg_bytes_ratio_int8``).
-  Bytes are all that crossed the workers' links (``LinkStats``: contributions, updates, every poll and
-  secure aggregation's keys, sealed shares, requests and reveals), over the rounds.
+  workers of equal weight, rounds of 60 inner steps (120 without ``--quick``), ``compression: none``. A
+  masked vector is 32-bit words and cannot carry a quantized compressor's codes, so the ratio under int8
+  is measured too (``secagg_bytes_ratio_int8``). Bytes are all that crossed the workers' links
+  (``LinkStats``: contributions, updates, every poll and secure aggregation's keys, sealed shares,
+  requests and reveals), over the rounds.
 - ``secagg_time_overhead``: the share of a round's time secure aggregation holds the round up, in the
   secure run: the aggregator's seconds from a round's quorum to its unmasked sum (the unmask request,
   the reveals, the unmasking) plus the mean worker's seconds between its training's end and its masked
@@ -47,9 +48,10 @@ from gpuflex.train.secure import NO_DP_RANGE, rehearse
 OWNERS = 4
 
 
-def _run(corpus: bytes, rounds: int, compression: str, secure: bool) -> LocalResult:
+def _run(corpus: bytes, rounds: int, steps: int, compression: str, secure: bool) -> LocalResult:
     with tempfile.TemporaryDirectory() as tmp:
-        spec = small_job(Path(tmp), workers=OWNERS, rounds=rounds, compression=compression).training
+        job = small_job(Path(tmp), workers=OWNERS, rounds=rounds, inner_steps=steps, compression=compression)
+    spec = job.training
     threshold = secagg.job_threshold(OWNERS) if secure else None
     return run_local(spec, corpus, OWNERS, poll_interval_s=0.05, secure_aggregation=threshold, timeout_s=600)
 
@@ -83,16 +85,17 @@ def dropout_round_completed() -> bool:
 
 
 def measure(quick: bool) -> dict:
-    rounds = 4 if quick else 8
+    rounds, steps = (4, 60) if quick else (8, 120)  # rounds of seconds: DiLoCo's are long by design
     with tempfile.TemporaryDirectory() as tmp:
         write_corpus(Path(tmp) / "text")
         corpus = build_corpus(str(Path(tmp) / "text"), 200_000, [".txt"])
     began = time.monotonic()
-    plain, secure = (_run(corpus, rounds, "none", s) for s in (False, True))
-    plain8, secure8 = (_run(corpus, rounds, "int8", s) for s in (False, True))
+    plain, secure = (_run(corpus, rounds, steps, "none", s) for s in (False, True))
+    plain8, secure8 = (_run(corpus, rounds, steps, "int8", s) for s in (False, True))
     return {
         "owners": OWNERS,
         "rounds": rounds,
+        "inner_steps": steps,
         "measured_through": "train.local.run_local: worker and aggregator processes over an in-process hub",
         "bytes_per_round_plain": round(_bytes_per_round(plain)),
         "bytes_per_round_secure": round(_bytes_per_round(secure)),
@@ -108,7 +111,7 @@ def measure(quick: bool) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 rounds instead of 8")
+    parser.add_argument("--quick", action="store_true", help="4 rounds of 60 steps instead of 8 of 120")
     print(json.dumps(measure(parser.parse_args().quick)))
 
 

@@ -80,6 +80,14 @@ def value_range(weights: dict[str, int], dp: DPTask | None) -> float:
     )
 
 
+# what a message a task cannot trust may raise when it is read: a worker's bad keys or shares, a bad reveal
+MALFORMED = (BadRequest, Forbidden, KeyError, TypeError, ValueError)
+
+
+def _say(err: Exception) -> str:
+    return err.message if isinstance(err, BadRequest | Forbidden) else f"{type(err).__name__}: {err}"
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -229,9 +237,13 @@ class SecureWorker:
                     except Conflict:  # an earlier run of this task took part in this attempt
                         client = None
             if client is not None and roster is not None:
-                if not shared:
-                    shared = self._share(round, roster, client, messages)
-                if shared and self._hold(roster, client, messages):
+                try:
+                    shared = shared or self._share(round, roster, client, messages)
+                    held = shared and self._hold(roster, client, messages)
+                except MALFORMED as err:  # a member's keys or bundle do not open: it cannot take part
+                    box.transport.log(f"round {round}: secure aggregation: a bad message: {_say(err)}")
+                    return None
+                if held:
                     box.transport.log(
                         f"round {round}: secure aggregation attempt {roster.attempt}: shared with "
                         f"{len(roster.tasks)} owners"
@@ -438,7 +450,13 @@ class SecureAggregator:
             keys = {s: _body(m) for s, m in _of(messages, roster.attempt, "keys").items()}
             reveals = _of(messages, roster.attempt, "reveal")
             if len(reveals.keys() & set(survivors)) >= t:
-                return self._unmask(round, roster, survivors, used, keys, reveals)
+                try:
+                    return self._unmask(round, roster, survivors, used, keys, reveals)
+                except MALFORMED as err:
+                    box.transport.log(
+                        f"round {round}: secure aggregation could not unmask ({_say(err)}): the model stays"
+                    )
+                    return zero
             if time.monotonic() >= deadline:
                 box.transport.log(
                     f"round {round}: {len(reveals)} owners revealed their shares, fewer than the "

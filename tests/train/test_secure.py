@@ -112,12 +112,23 @@ def test_the_relay_refuses_what_would_break_an_attempt():
 
 
 @pytest.mark.parametrize(
-    ("privacy", "says"),
+    ("job", "says"),
     [
-        ({"secure_aggregation": True}, "privacy.secure_aggregation masks owners' updates in a federated job"),
-        ({"secagg_threshold": 3}, "privacy.secagg_threshold needs privacy.secure_aggregation: true"),
+        ({"privacy": {"secure_aggregation": True}}, "privacy.secure_aggregation masks owners' updates in a"),
+        (
+            {"privacy": {"secagg_threshold": 3}},
+            "privacy.secagg_threshold needs privacy.secure_aggregation: true",
+        ),
+        (
+            {
+                "privacy": {"secure_aggregation": True},
+                "data": {"federated": "n"},
+                "training": {"overlap": True},
+            },
+            "privacy.secure_aggregation does not combine with training.overlap yet",
+        ),
     ],
 )
-def test_secure_aggregation_outside_a_federated_job_is_refused_with_the_spec(privacy, says):
+def test_secure_aggregation_outside_a_synchronous_federated_job_is_refused_with_the_spec(job, says):
     with pytest.raises(ValueError, match=says):
-        JobSpec.model_validate({"name": "j", "privacy": privacy})
+        JobSpec.model_validate({"name": "j", **job})

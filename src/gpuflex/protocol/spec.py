@@ -438,6 +438,8 @@ class JobSpec(_Strict):
             raise ValueError(
                 "privacy.secure_aggregation masks owners' updates in a federated job: it needs data.federated"
             )
+        if self.privacy.secure_aggregation and self.training.overlap:
+            raise ValueError("privacy.secure_aggregation does not combine with training.overlap yet")
         if self.privacy.secagg_threshold is not None and not self.privacy.secure_aggregation:
             raise ValueError("privacy.secagg_threshold needs privacy.secure_aggregation: true")
         if token_data is not None:

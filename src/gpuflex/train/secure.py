@@ -196,8 +196,8 @@ class Session:
 
 @dataclass
 class SecureWorker:
-    """A worker's side: keys and shares while it trains (``prepare``), then mask, upload and reveal
-    (``contribute``)."""
+    """A worker's side: keys and shares while it trains (``prepare``), its masked share of the average as
+    its contribution's blob (``masked_blob``), then its answer to the unmask request (``reveal``)."""
 
     config: TaskConfig
     mailbox: _Mailbox

@@ -153,6 +153,10 @@ def test_secure_aggregation_hands_its_tasks_the_threshold_and_weights_and_relays
     nodes, _ = _owners(coordinator)
     nodes["e"] = coordinator.node("e", private_data=[_dataset("notes", 2000, "e")], consumers=["lab"])
     lab = coordinator.consumer("lab", deposit=5)
+    too_high = _spec(privacy={"secure_aggregation": True, "secagg_threshold": 4})
+    with pytest.raises(BadRequest, match=r"with 3 owner\(s\) of the data: .* must lie in 2\.\.3, not 4"):
+        lab.submit(too_high)
+    assert lab.balance().balance == 5 and lab.jobs() == []
     job = lab.submit(_spec(privacy={"secure_aggregation": True}))
     grants = {n: nodes[n].lease() for n in ("core", "a", "c", "e")}
     weights = {o.task_id: o.tokens for o in lab.job(job.id).owners}

@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import federated_secagg
 import numpy as np
 import torch
 
@@ -495,9 +496,7 @@ def main() -> None:
     began, load_before = time.monotonic(), os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="gpuflex-federated-") as tmp:
         summary = measure(mode, args.data, args.seed, Path(tmp))
-    # SECURE AGGREGATION (issue 31's other slice, bench/federated_secagg.py) joins the JSON here, the one
-    # place: `import federated_secagg` among the imports, then
-    #     summary.update(federated_secagg.measure(args.quick))
+    summary.update(federated_secagg.measure(args.quick))  # secagg_bytes_ratio, _time_overhead, dropout
     summary["wall_s"] = round(time.monotonic() - began, 1)
     summary["load_average"] = {"before": load_before[0], "after": os.getloadavg()[0]}
     summary["settings"] = {

@@ -1,12 +1,15 @@
 """Federated jobs through the real API: owners announce private datasets; a job gets one worker per online
 owner that admits its account, each tied to its owner's node; the log says why each node was or was not
-used; bad input is one line before money moves; a lost owner's worker waits for it."""
+used; bad input is one line before money moves; a lost owner's worker waits for it; secure aggregation's
+messages are relayed by the relay's rules."""
+
+import json
 
 import pytest
 
 from gpuflex.auth.signing import node_id_for
 from gpuflex.coordinator.app import reap_once
-from gpuflex.errors import BadRequest
+from gpuflex.errors import BadRequest, Conflict, Forbidden
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 
@@ -108,6 +111,12 @@ def test_a_federated_job_runs_one_worker_on_each_admitting_owner_and_only_there(
             ),
             "over 10000 rounds needs a noise multiplier above 100",
         ),
+        (
+            "lab",
+            _spec(privacy={"secure_aggregation": True}),
+            "privacy.secure_aggregation with 2 owner.s. of the data: secure aggregation needs at least 3 "
+            "workers, not 2",
+        ),
     ],
 )
 def test_bad_federated_input_is_one_line_and_no_money_moves(coordinator, consumer, spec, says):
@@ -153,3 +162,38 @@ def test_an_owner_outside_the_jobs_region_is_not_used_and_the_log_says_so(coordi
     with pytest.raises(BadRequest, match="no online owner of 'notes' that admits 'lab' is in region 'ap'"):
         lab.submit(_spec(resources={"region": "ap"}))
     assert lab.balance().balance == pytest.approx(4.0)  # only the first job's budget moved
+
+
+def test_secure_aggregation_hands_its_tasks_the_threshold_and_weights_and_relays_their_messages(coordinator):
+    nodes, _ = _owners(coordinator)
+    nodes["e"] = coordinator.node("e", private_data=[_dataset("notes", 2000, "e")], consumers=["lab"])
+    lab = coordinator.consumer("lab", deposit=5)
+    too_high = _spec(privacy={"secure_aggregation": True, "secagg_threshold": 4})
+    with pytest.raises(BadRequest, match=r"with 3 owner\(s\) of the data: .* must lie in 2\.\.3, not 4"):
+        lab.submit(too_high)
+    assert lab.balance().balance == 5 and lab.jobs() == []
+    job = lab.submit(_spec(privacy={"secure_aggregation": True}))
+    grants = {n: nodes[n].lease() for n in ("core", "a", "c", "e")}
+    weights = {o.task_id: o.tokens for o in lab.job(job.id).owners}
+    assert len(weights) == 3
+    for grant in grants.values():  # a majority of 3; every task knows every owner's weight
+        assert grant.task.secure_aggregation == 2 and grant.task.weights == weights
+    agg, a, c, e = (coordinator.task(grants[n]) for n in ("core", "a", "c", "e"))
+    agg.publish_round(m.RoundPublish(round=0, state_hash="0" * 64, checkpoint=agg.put_blob(b"round 0")))
+    roster = json.dumps({"tasks": sorted(weights)})
+    agg.post_secagg(m.SecAggPost(round=0, attempt=0, kind="roster", body=roster))
+    a.post_secagg(m.SecAggPost(round=0, attempt=0, kind="keys", body='{"key": "k"}'))
+    a.post_secagg(m.SecAggPost(round=0, attempt=0, kind="reveal", to="aggregator", body="{}"))
+    with pytest.raises(Conflict, match="already posted its keys of attempt 0"):
+        a.post_secagg(m.SecAggPost(round=0, attempt=0, kind="keys", body='{"key": "other"}'))
+    with pytest.raises(Forbidden, match="a roster message is the aggregator's to post"):
+        c.post_secagg(m.SecAggPost(round=0, attempt=1, kind="roster", body=roster))
+    with pytest.raises(Conflict, match="round 1 is not open"):
+        c.post_secagg(m.SecAggPost(round=1, attempt=0, kind="keys", body="{}"))
+    seen = e.secagg_messages(0).messages  # not a's reveal: that is the aggregator's alone
+    assert [(x.kind, x.sender) for x in seen] == [
+        ("roster", grants["core"].task_id),
+        ("keys", grants["a"].task_id),
+    ]
+    assert [x.kind for x in e.secagg_messages(0, after=seen[0].seq).messages] == ["keys"]
+    assert [x.kind for x in agg.secagg_messages(0).messages] == ["roster", "keys", "reveal"]

@@ -63,6 +63,13 @@ class TaskClient:
     def report_verdict(self, verdict: m.VerdictSubmit) -> None:
         self.http.request("POST", "/v1/task/verdicts", json=verdict.model_dump())
 
+    def post_secagg(self, p: m.SecAggPost) -> None:
+        self.http.request("POST", "/v1/task/secagg", json=p.model_dump())
+
+    def secagg_messages(self, round: int, after: int = -1) -> m.SecAggList:
+        response = self.http.request("GET", "/v1/task/secagg", params={"round": round, "after": after})
+        return m.SecAggList.model_validate(response.json())
+
     def contributions(self, round: int) -> m.ContributionList:
         response = self.http.request("GET", "/v1/task/contributions", params={"round": round})
         return m.ContributionList.model_validate(response.json())

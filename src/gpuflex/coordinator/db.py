@@ -276,6 +276,26 @@ class InferenceAudit(Base):
     judged_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class SecAggMessage(Base):
+    """A message of a secure-aggregation round (``privacy.mailbox`` says who posts and reads what); the
+    share bundles in it are sealed to their holders, the reveals are read by the aggregator alone."""
+
+    __tablename__ = "secagg_messages"
+    __table_args__ = (
+        UniqueConstraint("job_id", "round", "attempt", "kind", "sender"),
+        Index("ix_secagg_messages_round", "job_id", "round"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    round: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(8))
+    sender: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
+    recipient: Mapped[str] = mapped_column(String(40))  # a task id, "*" or "aggregator"
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class JobEvent(Base):
     __tablename__ = "job_events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

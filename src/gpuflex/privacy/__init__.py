@@ -6,6 +6,7 @@ The worker, the aggregator and the CLI call it; it imports neither them nor HTTP
 - ``fixedpoint``  a delta as one flat vector; values clipped and quantized to integers mod 2^32
 - ``masks``       X25519 key agreement, HKDF seeds, ChaCha20 mask expansion, Shamir shares
 - ``secagg``      one round of secure aggregation: the clients' masking and the aggregator's unmasking
+- ``mailbox``     the relay's rules for its messages: who posts and reads what, when an attempt is final
 - ``dp``          client-level DP: L2 clipping, Gaussian noise (whole or split), the RDP accountant's ε
 - ``envelope``    AES-GCM blobs under a per-job data key; the key sealed to leased nodes (HPKE)
 

@@ -72,6 +72,19 @@ class SecAggConfig:
         return FixedPoint(self.clip, self.n)
 
 
+def job_threshold(owners: int, asked: int | None = None) -> int:
+    """A job's threshold for ``owners``: ``asked``, or the smallest majority; SpecError out of range."""
+    t = asked or SecAggConfig.default_threshold(owners)
+    SecAggConfig("check", 0, owners, t, 1.0)  # refuses fewer than 3 owners, or t out of range
+    return t
+
+
+def attempt_threshold(job: int, members: int) -> int:
+    """The threshold of a round's attempt of ``members`` clients: the job's, or more where that is not a
+    majority of a roster some owners were left out of."""
+    return min(members, max(job, SecAggConfig.default_threshold(members)))
+
+
 @dataclass(frozen=True)
 class SharesFor:
     """What ``owner`` gives ``holder``: its points of the owner's self-mask seed and private key."""

@@ -236,6 +236,11 @@ class TaskConfig(Message):
         description="privacy.encrypt: every blob of the job is sealed under its data key, which the agent "
         "hands the task once the consumer sealed it to this node",
     )
+    secure_aggregation: int | None = Field(
+        None,
+        description="privacy.secure_aggregation: its threshold; the workers mask their updates and weights "
+        "goes to every task of the job",
+    )
 
 
 class ServerConfig(Message):
@@ -750,6 +755,34 @@ class PeerAuditReport(Message):
     round: Count32
     task_id: str = Field(description="the task whose contribution was re-run")
     hashes: Trace = Field(description="the trace hash after each re-run segment, in order")
+
+
+SecAggKind = Literal["roster", "keys", "shares", "request", "reveal"]
+
+
+class SecAggPost(Message):
+    """One message of a secure-aggregation round (``train.secure``), relayed by the coordinator: the
+    aggregator posts the ``roster`` and the unmask ``request``; each worker its ``keys``, its sealed
+    ``shares`` (all holders' in one message) and its ``reveal`` (to the aggregator alone)."""
+
+    round: Count32
+    attempt: Annotated[int, Field(ge=0, le=1000)] = Field(
+        description="the round's try: a roster without the owners whose secrets never reached everyone"
+    )
+    kind: SecAggKind
+    to: Annotated[str, Field(min_length=1, max_length=40)] = Field(
+        "*", description="'*': every task of the job; 'aggregator': the aggregator alone"
+    )
+    body: Annotated[str, Field(max_length=4_000_000)] = Field(description="JSON, bytes as base64")
+
+
+class SecAggMessage(SecAggPost):
+    sender: str = Field(description="the task that posted it (the coordinator says so, not the sender)")
+    seq: int = Field(description="its place in the job's messages: read on ``after`` it")
+
+
+class SecAggList(Message):
+    messages: list[SecAggMessage]
 
 
 VerdictCheck = Literal["screen", "audit", "no-show", "peer-audit", "dispute", "inference-audit"]

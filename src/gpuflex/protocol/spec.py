@@ -374,6 +374,16 @@ class PrivacySpec(_Strict):
         "(AES-GCM, a per-job data key made on the consumer's machine); the key sealed only to nodes "
         "holding a live lease on the job, by the consumer's CLI (`submit --watch`, `job keys`)",
     )
+    secure_aggregation: bool = Field(
+        False,
+        description="owners mask their updates (Bonawitz et al.): the aggregator learns only their sum "
+        "(federated jobs of at least 3 owners)",
+    )
+    secagg_threshold: Annotated[int, Field(ge=2, le=1000)] | None = Field(
+        None,
+        description="the fewest owners whose masked updates a round needs (a majority of the owners or "
+        "more; default: the smallest majority, owners // 2 + 1)",
+    )
 
 
 class JobSpec(_Strict):
@@ -441,6 +451,14 @@ class JobSpec(_Strict):
                     f"privacy.encrypt covers uploaded data (data.source, data.prepared) and recipe_file; "
                     f"not {given[0]} yet"
                 )
+        if self.privacy.secure_aggregation and self.data.federated is None:
+            raise ValueError(
+                "privacy.secure_aggregation masks owners' updates in a federated job: it needs data.federated"
+            )
+        if self.privacy.secure_aggregation and self.training.overlap:
+            raise ValueError("privacy.secure_aggregation does not combine with training.overlap yet")
+        if self.privacy.secagg_threshold is not None and not self.privacy.secure_aggregation:
+            raise ValueError("privacy.secagg_threshold needs privacy.secure_aggregation: true")
         if token_data is not None:
             if self.training.recipe not in PREPARED_RECIPES:
                 raise ValueError(

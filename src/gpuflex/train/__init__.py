@@ -13,6 +13,7 @@ Map of the files (data flows down this list):
 - ``audit``        re-executes one trace segment from a worker's uploaded state
 - ``commitment``   the trace a worker commits to while training (deterministic mode), its audit states
 - ``adversaries``  cheating workers (lazy, free-rider, poisoners, shirkers, adaptive): tests and demos
+- ``secure``       secure aggregation in the round: owners mask their share of the average, it unmasks the sum
 - ``drill``        a job as a direct loop over these pieces, for the tests and ``bench/verification.py``
 - ``outer``        ``GlobalReplica``: global weights + outer optimizer, held identically by every replica
 - ``sync``         brings a replica to a round: update by update, or from a checkpoint

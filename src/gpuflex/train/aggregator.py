@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -59,6 +60,7 @@ from gpuflex.train.peer_audit import audit_with_peers
 from gpuflex.train.pretrained import model_directory
 from gpuflex.train.recipes import Batch, Recipe, build_model, evaluate, for_task, shards
 from gpuflex.train.robust import flatten, robust_mean, unflatten
+from gpuflex.train.secure import SecureAggregator
 from gpuflex.train.sync import sync
 from gpuflex.train.trainable import trainable
 from gpuflex.train.transport import Transport, fetch_verified
@@ -78,6 +80,7 @@ class AggregatorSummary:
     audits: int = 0  # audits finished (no-shows included)
     verification_s: float = 0.0  # compute spent screening and auditing
     bytes_published: int = 0  # update blobs sent to the workers (checkpoints not counted)
+    secure_s: float = 0.0  # under secure aggregation: from the round's quorum to its unmasked sum
 
 
 @dataclass
@@ -121,9 +124,9 @@ class _Aggregator:
         self.summary.contributions += len(used)
         self.summary.bytes_published += len(update or b"")
 
-    def step(self, used: list[tuple[Contribution, Delta]]) -> bytes:
-        """Average, compress for the downlink, and take the outer step with what the workers will see."""
-        blob, update = self.downlink.compress_with_echo(self.average(used))
+    def step(self, mean: Delta) -> bytes:
+        """Compress the round's mean for the downlink, and take the outer step with what the workers see."""
+        blob, update = self.downlink.compress_with_echo(mean)
         self.replica.apply(update)  # exactly what every worker will decode
         return blob
 
@@ -195,6 +198,8 @@ def run_aggregator(
             should_stop=should_stop,
             weights=config.weights,
             dp=config.dp,
+            secure_aggregation=config.secure_aggregation,
+            job_id=config.job_id,
         )
 
 
@@ -209,13 +214,16 @@ def aggregate(
     should_stop: Callable[[], bool] = lambda: False,
     weights: dict[str, int] | None = None,
     dp: DPTask | None = None,
+    secure_aggregation: int | None = None,
+    job_id: str = "",
 ) -> AggregatorSummary:
     """Publish rounds until round ``spec.rounds`` (``dp.rounds`` with DP) is out or ``should_stop``;
     resumes a job under way.
 
     Without a ``verifier`` every usable contribution is averaged (a trusted group, ``DiLoCo`` users);
     ``weights``: each worker task's weight, instead of its round's tokens (a federated job); ``dp``: the
-    average is DP-FedAvg's (the module's doc)."""
+    average is DP-FedAvg's (the module's doc); ``secure_aggregation``: its threshold, the workers' updates
+    come masked and the aggregator unmasks only their sum (``secure.py``; ``job_id`` binds the masks)."""
     if dp is not None and not weights:
         raise Conflict("privacy.dp averages over the owners' weights: a federated job's aggregator has them")
     compressor = get_compressor(spec.compression)
@@ -234,14 +242,30 @@ def aggregate(
     )
     if not _start(agg, compressor):
         return agg.summary
-    gather = _Gatherer(transport, compressor, agg.replica.model, poll_interval_s, should_stop)
+    secure = None
+    if secure_aggregation is not None:
+        assert weights, "secure aggregation is a federated job's: its aggregator has the weights"
+        params = {n: p.detach() for n, p in agg.replica.parameters().items()}
+        secure = SecureAggregator.start(
+            transport, job_id, weights, secure_aggregation, dp, params, spec, poll_interval_s, should_stop
+        )
+    gather = _Gatherer(transport, compressor, agg.replica.model, poll_interval_s, should_stop, secure)
     for r in range(agg.replica.round, agg.last):
+        if secure is not None:
+            secure.open(r)
         used = gather.wait(r, spec.round_timeout_s)
         if used is None:
             return agg.summary
+        if secure is not None:
+            began = time.monotonic()
+            if (mean := secure.mean(r, used)) is None:
+                return agg.summary
+            agg.summary.secure_s += time.monotonic() - began
+            agg.publish(r + 1, [c for c, _ in used], agg.step(mean))
+            continue
         if verifier is not None and (used := _verify(agg, gather, verifier, r, used)) is None:
             return agg.summary
-        agg.publish(r + 1, [c for c, _ in used], agg.step(used))
+        agg.publish(r + 1, [c for c, _ in used], agg.step(agg.average(used)))
     agg.summary.finished = True
     return agg.summary
 
@@ -318,13 +342,15 @@ class _Gatherer:
         model: nn.Module,
         poll_interval_s: float,
         should_stop: Callable[[], bool],
+        secure: SecureAggregator | None = None,
     ):
         self.transport = transport
+        self.secure = secure
         self.compressor = compressor
         self.shapes = {n: p.shape for n, p in trainable(model).items()}
         self.poll_interval_s = poll_interval_s
         self.should_stop = should_stop
-        self.decoded: dict[str, Delta | None] = {}  # by blob digest; None: rejected
+        self.decoded: dict[str, Delta | np.ndarray | None] = {}  # by blob digest; None: rejected
         self.deadline = 0.0  # of the round being gathered
 
     def wait(self, round: int, timeout_s: float) -> list[tuple[Contribution, Delta]] | None:
@@ -344,6 +370,9 @@ class _Gatherer:
             arrived = sorted(listing.contributions, key=lambda c: c.task_id)
             usable = [(c, d) for c in arrived if (d := self._decode(c)) is not None]
             quorum = max(1, listing.live_workers)
+            if self.secure is not None:
+                self.secure.tend(round, listing.live_workers)
+                quorum = min(quorum, self.secure.expected())
             now = time.monotonic()
             if len(usable) >= quorum or (usable and now >= deadline):
                 return usable
@@ -372,14 +401,18 @@ class _Gatherer:
             time.sleep(self.poll_interval_s)
         return [fetch_verified(self.transport, d) if d else None for d in (states[t] for t in tasks)]
 
-    def _decode(self, c: Contribution) -> Delta | None:
+    def _decode(self, c: Contribution) -> Delta | np.ndarray | None:
+        """A contribution's delta (under secure aggregation: its masked vector of the current attempt), once
+        per blob; None if unusable."""
         if c.delta not in self.decoded:
             try:
-                delta = self.compressor.decompress(
-                    fetch_verified(self.transport, c.delta), shapes=self.shapes
-                )
-                _check_fits(delta, self.shapes)
-                self.decoded[c.delta] = delta
+                blob = fetch_verified(self.transport, c.delta)
+                if self.secure is not None:
+                    self.decoded[c.delta] = self.secure.parse(blob)
+                else:
+                    delta = self.compressor.decompress(blob, shapes=self.shapes)
+                    _check_fits(delta, self.shapes)
+                    self.decoded[c.delta] = delta
             except BadRequest as err:
                 self.decoded[c.delta] = None
                 self.transport.log(f"rejected contribution of task {c.task_id}: {err.message}")

@@ -65,6 +65,8 @@ from gpuflex.protocol.messages import (
     PeerAuditReport,
     RoundPublish,
     RoundState,
+    SecAggList,
+    SecAggPost,
     TaskConfig,
     VerdictSubmit,
 )
@@ -154,14 +156,16 @@ def run_local(
     on_round: Callable[[RoundRecord], None] | None = None,
     timeout_s: float | None = None,
     prepared: Path | None = None,
+    secure_aggregation: int | None = None,
 ) -> LocalResult:
     """Train ``spec`` on ``dataset`` with ``workers`` worker processes and an aggregator process.
 
     ``options[i]`` is worker i's link and slowdown; ``recipe_code`` the file of a ``user`` recipe;
     ``threads`` the torch threads of each process; ``poll_interval_s`` how often tasks poll for rounds;
     ``on_round`` is called in this process with each round as it is published; ``prepared`` a prepared
-    dataset's directory to train on instead of ``dataset``. Raises the first task's failure, or
-    ServiceError after ``timeout_s``; either way every process is gone.
+    dataset's directory to train on instead of ``dataset``; ``secure_aggregation`` a threshold: the
+    workers mask their updates as a federated job's owners (``secure.py``), each of equal weight. Raises
+    the first task's failure, or ServiceError after ``timeout_s``; either way every process is gone.
     """
     options = list(options) if options is not None else [WorkerOptions()] * workers
     assert workers >= 1 and len(options) == workers, f"{workers} workers, {len(options)} options"
@@ -182,6 +186,7 @@ def run_local(
         "dataset": dataset_digest,
         "code": code_digest,
         "prepared": prepared is not None,
+        "secure_aggregation": secure_aggregation,
     }
     configs = [_config(spec, "aggregator", 0, **inputs)]
     configs += [_config(spec, "worker", i, **inputs) for i in range(workers)]
@@ -223,6 +228,7 @@ def _config(
     dataset: str | None,
     code: str | None,
     prepared: bool,
+    secure_aggregation: int | None,
 ) -> TaskConfig:
     return TaskConfig(
         job_id="local",
@@ -234,6 +240,8 @@ def _config(
         dataset=dataset,
         prepared=prepared,
         recipe_code=code,
+        weights={f"worker-{i}": 1 for i in range(workers)} if secure_aggregation else None,
+        secure_aggregation=secure_aggregation,
     )
 
 
@@ -393,6 +401,12 @@ class _HubClient:
 
     def report_peer_audit(self, r: PeerAuditReport) -> None:
         self._call("report_peer_audit", r)
+
+    def post_secagg(self, p: SecAggPost) -> None:
+        self._call("post_secagg", p)
+
+    def secagg_messages(self, round: int, after: int = -1) -> SecAggList:
+        return self._call("secagg_messages", round, after)
 
     def contributions(self, round: int) -> ContributionList:
         return self._call("contributions", round)

@@ -40,6 +40,8 @@ from gpuflex.protocol.messages import (
     PeerAuditReport,
     RoundPublish,
     RoundState,
+    SecAggList,
+    SecAggPost,
     VerdictSubmit,
 )
 from gpuflex.train.transport import Transport
@@ -156,6 +158,14 @@ class ThrottledTransport:
 
     def report_peer_audit(self, r: PeerAuditReport) -> None:
         self._cross(_json_size(r), lambda: self.inner.report_peer_audit(r), _json_size)
+
+    def post_secagg(self, p: SecAggPost) -> None:
+        self._cross(_json_size(p), lambda: self.inner.post_secagg(p), _json_size)
+
+    def secagg_messages(self, round: int, after: int = -1) -> SecAggList:
+        return self._cross(
+            _json_size([round, after]), lambda: self.inner.secagg_messages(round, after), _json_size
+        )
 
     def contributions(self, round: int) -> ContributionList:
         return self._cross(_json_size(round), lambda: self.inner.contributions(round), _json_size)

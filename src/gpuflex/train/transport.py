@@ -1,6 +1,6 @@
 """The runtime's one window on the network: the ``Transport`` interface, and ``LocalTransport``.
 
-Workers and the aggregator only ever call these thirteen methods. The agent hands the task a
+Workers and the aggregator only ever call these fifteen methods. The agent hands the task a
 transport that speaks HTTP to the coordinator; ``LocalTransport`` keeps everything in memory
 with the coordinator's semantics, for tests and for training on one machine:
 
@@ -15,6 +15,8 @@ with the coordinator's semantics, for tests and for training on one machine:
 - the aggregator may hand a drawn contribution to another task to re-run (``assign_peer_audit``,
   once per contribution); that task alone sees the order until it reports (``report_peer_audit``),
   and the aggregator sees every order with the hashes reported;
+- secure aggregation's messages (``post_secagg``, ``secagg_messages``) follow ``privacy.mailbox``'s
+  rules: the aggregator reads them all, a worker those to everyone and to itself;
 - a guilty verdict (``report_verdict``) discards the contribution and excludes its task from the job:
   its later submissions raise ``Conflict``, as the coordinator's 409 for an ended lease.
 """
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from gpuflex.errors import BadRequest, Conflict, NotFound, ServiceError
+from gpuflex.privacy import mailbox
 from gpuflex.privacy.envelope import JOB_BLOB, decrypt_blob, encrypt_blob
 from gpuflex.protocol.messages import (
     AuditStateSubmit,
@@ -43,6 +46,9 @@ from gpuflex.protocol.messages import (
     PeerAuditReport,
     RoundPublish,
     RoundState,
+    SecAggList,
+    SecAggMessage,
+    SecAggPost,
     Verdict,
     VerdictSubmit,
 )
@@ -97,6 +103,15 @@ class Transport(Protocol):
 
     def report_peer_audit(self, r: PeerAuditReport) -> None:
         """A peer's hashes of an order it was handed."""
+        ...
+
+    def post_secagg(self, p: SecAggPost) -> None:
+        """A secure-aggregation message of this task (``train.secure``); a retry of one stored is a no-op."""
+        ...
+
+    def secagg_messages(self, round: int, after: int = -1) -> SecAggList:
+        """The secure-aggregation messages of ``round`` this task may read, in the order posted: those
+        after ``seq`` ``after``."""
         ...
 
     def contributions(self, round: int) -> ContributionList: ...
@@ -199,6 +214,8 @@ class _Hub:
     excluded: set[str] = field(default_factory=set)  # tasks a guilty verdict ended
     peer_audits: dict[tuple[int, str], PeerAudit] = field(default_factory=dict)  # by (round, audited task)
     assigner: str | None = None  # the task that hands out peer audits: the aggregator
+    secagg: dict[int, list[SecAggMessage]] = field(default_factory=dict)  # by round
+    aggregator: str | None = None  # the task that posts secure aggregation's rosters
 
 
 class LocalTransport:
@@ -334,6 +351,23 @@ class LocalTransport:
             if audit.hashes is not None and audit.hashes != r.hashes:
                 raise Conflict(f"round {r.round}: the audit of task {r.task_id} was already reported")
             self._hub.peer_audits[r.round, r.task_id] = audit.model_copy(update={"hashes": r.hashes})
+
+    def post_secagg(self, p: SecAggPost) -> None:
+        with self._hub.lock:
+            if p.kind == "roster" and self._hub.aggregator is None:
+                self._hub.aggregator = self.task_id
+            existing = self._hub.secagg.setdefault(p.round, [])
+            if mailbox.check_post(existing, p, self.task_id, self.task_id == self._hub.aggregator):
+                seq = sum(map(len, self._hub.secagg.values()))
+                existing.append(SecAggMessage(sender=self.task_id, seq=seq, **p.model_dump()))
+
+    def secagg_messages(self, round: int, after: int = -1) -> SecAggList:
+        with self._hub.lock:
+            is_aggregator = self.task_id == self._hub.aggregator
+            messages = [m for m in self._hub.secagg.get(round, []) if m.seq > after]
+            return SecAggList(
+                messages=[m for m in messages if mailbox.visible(m, self.task_id, is_aggregator)]
+            )
 
     def contributions(self, round: int) -> ContributionList:
         with self._hub.lock:

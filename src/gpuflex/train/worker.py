@@ -57,6 +57,7 @@ from gpuflex.train.precision import InnerStep
 from gpuflex.train.pretrained import model_directory
 from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task, shards
 from gpuflex.train.schedule import set_lr
+from gpuflex.train.secure import SecureWorker
 from gpuflex.train.sync import sync
 from gpuflex.train.trainable import trainable
 from gpuflex.train.transport import Transport, fetch_verified, wait_for_round
@@ -85,6 +86,7 @@ class WorkerSummary:
     bytes_received: int = 0  # updates and checkpoints downloaded (the dataset not counted)
     compute_s: float = 0.0  # time spent in inner steps
     peer_audit_s: float = 0.0  # time spent re-running other workers' segments as their peer
+    secure_s: float = 0.0  # under secure aggregation: waiting for the round's shares after training, masking
     wall_s: float = 0.0  # from the first round's start (joined) to the end
     finished: bool = False  # the job finished (rather than this worker being told to stop)
     peak_memory_mb: float = 0.0  # the training device's peak allocation (CUDA), or the process's peak RSS
@@ -361,6 +363,8 @@ def _work(
 
         adversary = adversaries.get(config.adversary)
     loop = _Loop(replica, transport, WorkerSummary(), poll_interval_s, should_stop, adversary)
+    if config.secure_aggregation is not None:
+        loop.secure = SecureWorker.start(config, transport, poll_interval_s, loop.stopping)
     if config.training.verification.peer_segments:
         from gpuflex.train.peer_audit import PeerAuditor  # it imports this module (through the audit)
 
@@ -369,8 +373,11 @@ def _work(
             config.training, recipe, transport, shards(config, recipe, fetch, reader), vouch
         )
     try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange") as exchange:
-            loop.exchange = exchange
+        with (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="exchange") as exchange,
+            ThreadPoolExecutor(max_workers=2, thread_name_prefix="secagg") as keys,
+        ):
+            loop.exchange, loop.keys = exchange, keys
             loop.run()
     finally:
         if group is not None:  # followers wait at a round boundary unless we stopped mid-round
@@ -410,6 +417,9 @@ class _Loop:
     began: float | None = None  # when this worker had joined and began its first round
     excluded: bool = False  # the transport refused us: the lease ended
     peers: PeerAuditor | None = None  # with peer audits: this task's side of them
+    secure: SecureWorker | None = None  # privacy.secure_aggregation: this task's side of it
+    keys: ThreadPoolExecutor | None = None  # runs a round's key and share exchange while it trains
+    sessions: dict[int, Future] = field(default_factory=dict)  # by round: SecureWorker.prepare
 
     def stopping(self) -> bool:
         return self.excluded or self.should_stop()
@@ -459,6 +469,9 @@ class _Loop:
 
     def train(self, start: Params, label: int, late_s: float) -> RoundResult | None:
         """This round's result: honest training, or what the adversary this task plays makes of it."""
+        if self.secure is not None and self.keys is not None:
+            self.sessions = {r: f for r, f in self.sessions.items() if r >= label}  # older rounds closed
+            self.sessions.setdefault(label, self.keys.submit(self.secure.prepare, label))
         if self.adversary is None:
             return self.replica.train_round(start, label, self.stopping, late_s=late_s)
         return self.adversary.play(Situation(self.replica, start, label, self.stopping, late_s))
@@ -479,6 +492,19 @@ class _Loop:
         self.pending = self.exchange.submit(self._send, blob, submission, result)
 
     def _send(self, blob: bytes, submission: ContributionSubmit, result: RoundResult) -> None:
+        session = None
+        if self.secure is not None:
+            began = time.monotonic()
+            session = self.sessions.pop(submission.round).result()
+            if session is None:
+                self.replica.feedback.revert()  # nothing was sent: the residual stays as it was
+                self.transport.log(
+                    f"round {submission.round}: not in the round's secure aggregation (it closed, or went on "
+                    "without this owner): no contribution"
+                )
+                return
+            blob = self.secure.masked_blob(session, self.replica.decode(blob))
+            self.summary.secure_s += time.monotonic() - began
         submission = submission.model_copy(update={"delta": self.transport.put_blob(blob)})
         try:
             receipt = self.transport.submit_contribution(submission)
@@ -501,6 +527,8 @@ class _Loop:
         )
         if receipt.audit_segment is not None:
             self.answer_audit(submission.round, receipt.audit_segment, result)
+        if session is not None and receipt.accepted:
+            self.secure.reveal(session)
 
     def answer_audit(self, round: int, segment: int, result: RoundResult) -> None:
         """Upload the drawn segment's states, the final state and both residuals (a cheater's: its own)."""

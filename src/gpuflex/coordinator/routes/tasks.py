@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Response
 from gpuflex.coordinator.auth import Ctx, TaskLease
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import governance, jobs, rounds, verification
+from gpuflex.coordinator.services import governance, jobs, rounds, secure, verification
 from gpuflex.protocol import messages as m
 
 # A task token stops working when its lease ends (409); ids it names may not exist (404).
@@ -38,6 +38,27 @@ def contribute(body: m.ContributionSubmit, lease: TaskLease, ctx: Ctx) -> m.Cont
     set: the contribution was drawn for audit, post that segment's starting state (``/audit-states``)."""
     with ctx.tx() as s:
         return rounds.contribute(s, lease, body, ctx.blobs, ctx.now())
+
+
+@router.post("/secagg")
+def post_secagg(body: m.SecAggPost, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
+    """A message of a secure-aggregation round (``train.secure``), relayed to the job's other tasks."""
+    with ctx.tx() as s:
+        secure.post(s, lease, body, ctx.now())
+    return {"status": "stored"}
+
+
+@router.get("/secagg")
+def secagg_messages(
+    lease: TaskLease,
+    ctx: Ctx,
+    round: int = Query(ge=0, le=m.INT32_MAX),
+    after: int = Query(-1, ge=-1, le=2**63 - 1),
+) -> m.SecAggList:
+    """The round's messages after ``after`` (a ``seq``) this task may read: the aggregator all, a worker
+    those to all and to it."""
+    with ctx.read() as s:
+        return secure.messages(s, lease, round, after)
 
 
 @router.post("/audit-states")

@@ -14,7 +14,17 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, Job, JobEvent, Lease, Node, Round, Task, new_id
-from gpuflex.coordinator.services import dp, federated, ids, keys, leases, ledger, specs, verification
+from gpuflex.coordinator.services import (
+    dp,
+    federated,
+    ids,
+    keys,
+    leases,
+    ledger,
+    secure,
+    specs,
+    verification,
+)
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.data.fit import check_job
 from gpuflex.data.manifest import parse_manifest
@@ -47,6 +57,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
             raise BadRequest("data.federated: the data stays with its owners; upload no dataset")
         owners = federated.owners(session, spec, account)
         spec = federated.with_owners(spec, owners)
+        secure.threshold(spec)  # too few owners for secure aggregation: refused before money moves
     job = Job(
         id=new_id("j"),
         account_id=account.id,

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from gpuflex.auth.tokens import new_task_token, token_hash
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, new_id
-from gpuflex.coordinator.services import dp, federated, market, specs
+from gpuflex.coordinator.services import dp, federated, market, secure, specs
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import Conflict, Forbidden, NotFound, Unauthorized
 from gpuflex.ledger.metering import lease_cost_micro
@@ -157,13 +157,14 @@ _SPECS = select(Job.id, Job.spec, Job.kind).where(Job.id.in_(bindparam("jobs", e
 def _federated_weights(
     session: Session, tasks: Iterable[Row], job_specs: dict[str, specs.Spec]
 ) -> dict[str, dict[str, int]]:
-    """For each federated job's aggregator being leased (by task id), its workers' FedAvg weights."""
+    """For each federated job's aggregator being leased (by task id), its workers' FedAvg weights; under
+    secure aggregation for its workers too (each masks its share of the average: ``train.secure``)."""
     return {
         t.id: federated.weights(session, t.job_id)
         for t in tasks
-        if t.role == "aggregator"
-        and isinstance(spec := job_specs[t.job_id], JobSpec)
+        if isinstance(spec := job_specs[t.job_id], JobSpec)
         and spec.data.federated is not None
+        and (t.role == "aggregator" or spec.privacy.secure_aggregation)
     }
 
 
@@ -231,6 +232,7 @@ def _task_config(task: Row, spec: specs.Spec, weights: dict[str, int] | None) ->
         weights=weights,
         dp=dp.task(spec),
         encrypted=spec.privacy.encrypt,
+        secure_aggregation=secure.threshold(spec),
     )
 
 

@@ -10,10 +10,11 @@ and the body is parsed here, after the key is checked, so malformed JSON is a 40
 FastAPI's 422) and nobody without the key learns what the body should have been.
 
 Generation blocks (the engine's queue), so it never runs on the event loop: encoding, submitting and
-waiting for a completion run in the thread pool, and a stream takes each event there
-(``iterate_in_threadpool``). Everything that can refuse a request (model, fields, context, ranges)
-refuses it before a stream starts, so a refusal is always a 4xx; only a failure while generating reaches
-a streaming client, as an ``error`` event. A client that goes away cancels its generation.
+waiting for a completion run in the thread pool, and a stream's events are read by a thread of its own,
+whose lines the loop writes as they come, those that came together in one write (not a hop to the thread
+pool and back per token). Everything that can refuse a request (model, fields, context, ranges) refuses
+it before a stream starts, so a refusal is always a 4xx; only a failure while generating reaches a
+streaming client, as an ``error`` event. A client that goes away cancels its generation.
 Bodies are read up to ``MAX_BODY_BYTES``.
 """
 
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
@@ -34,7 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 
 from gpuflex.errors import BadRequest, GPUFlexError, NotFound, PayloadTooLarge, RateLimited, Unauthorized
 from gpuflex.protocol import openai as o
@@ -340,9 +342,29 @@ def _stream(events: Iterator[BaseModel], generation: Generation) -> StreamingRes
         yield "data: [DONE]\n\n"
 
     async def sent() -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Queue[str | None] = asyncio.Queue()  # None: the last line was sent
+
+        def put(line: str | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the server is gone: nobody reads it
+                loop.call_soon_threadsafe(ready.put_nowait, line)
+
+        def pump() -> None:
+            try:
+                for line in lines():
+                    put(line)
+            finally:
+                put(None)
+
+        threading.Thread(target=pump, name="sse", daemon=True).start()
         try:
-            async for line in iterate_in_threadpool(lines()):
-                yield line
+            while (line := await ready.get()) is not None:
+                taken = [line]  # the lines that came meanwhile go in the same write
+                while not ready.empty() and (line := ready.get_nowait()) is not None:
+                    taken.append(line)
+                yield "".join(taken)
+                if line is None:
+                    return
         finally:
             generation.cancel()  # nothing, when it ended
 

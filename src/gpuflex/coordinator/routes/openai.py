@@ -146,8 +146,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
     @router.post("/completions", openapi_extra=_documented(o.CompletionRequest))
     async def completions(request: Request, served: Served) -> Response:
         body = await _parse(request, o.CompletionRequest)
-        card = served.model(body.model)
-        generation = await _submit(served, card, _prompt(body.prompt), body, body.max_tokens)
+        card, generation = await _submit(served, body, partial(_prompt, body.prompt), body.max_tokens)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_completion_chunks(generation, head, body.include_usage), generation)
@@ -161,10 +160,8 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
     @router.post("/chat/completions", openapi_extra=_documented(o.ChatCompletionRequest))
     async def chat_completions(request: Request, served: Served) -> Response:
         body = await _parse(request, o.ChatCompletionRequest)
-        card = served.model(body.model)
         asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        prompt = Prompt(messages=tuple(_messages(body.messages)))
-        generation = await _submit(served, card, prompt, body, asked)
+        card, generation = await _submit(served, body, partial(_chat_prompt, body.messages), asked)
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_chat_chunks(generation, head, body.include_usage), generation)
@@ -256,6 +253,10 @@ def _prompt(prompt: str | list) -> Prompt:
     return Prompt(text=prompt) if isinstance(prompt, str) else Prompt(ids=tuple(prompt))
 
 
+def _chat_prompt(messages: list[o.ChatMessage]) -> Prompt:
+    return Prompt(messages=tuple(_messages(messages)))
+
+
 def _messages(messages: list[o.ChatMessage]) -> list[dict]:
     """Messages as the model's chat template takes them: text parts joined, ``developer`` as ``system``."""
     plain = []
@@ -271,20 +272,28 @@ def _messages(messages: list[o.ChatMessage]) -> list[dict]:
 
 
 async def _submit(
-    served: Backend, card: ModelCard, prompt: Prompt, body: Any, max_tokens: int | None
-) -> Generation:
-    """Start generating (encoded and checked against the context where the model is); a chat request
-    without ``max_tokens`` may fill the context."""
-    given = {
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "stop": body.stop,
-        "seed": body.seed,
-        "max_tokens": max_tokens,
-    }
-    params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
-    fill = max_tokens is None and prompt.messages is not None
-    return await run_in_threadpool(partial(served.submit, card.name, prompt, params, fill=fill))
+    served: Backend, body: Any, prompt: Callable[[], Prompt], max_tokens: int | None
+) -> tuple[ModelCard, Generation]:
+    """The model asked for, and its generation started (encoded and checked against the context where
+    the model is); a chat request without ``max_tokens`` may fill the context. In the thread pool, in one
+    go: finding the model may read the database. Refused in this order: the model, the prompt, the
+    sampling settings."""
+
+    def start() -> tuple[ModelCard, Generation]:
+        card = served.model(body.model)
+        asked = prompt()
+        given = {
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "stop": body.stop,
+            "seed": body.seed,
+            "max_tokens": max_tokens,
+        }
+        params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
+        fill = max_tokens is None and asked.messages is not None
+        return card, served.submit(card.name, asked, params, fill=fill)
+
+    return await run_in_threadpool(start)
 
 
 async def _result(request: Request, generation: Generation) -> Completion | None:

@@ -24,6 +24,10 @@ string or ``max_tokens``.
    streams. ``gateway_efficiency`` = gateway tokens/s ÷ direct tokens/s at 8 streams; ``ttft_p50_ms``,
    ``ttft_p99_ms`` at 8 streams; ``added_latency_p50_ms`` = the gateway's TTFT p50 less the direct one at
    one stream (at 8 streams, queueing for a row dominates both; ``added_latency_8_streams_p50_ms``).
+   On a shared machine those ratios follow its load; ``cpu_ms_per_token`` does not: the CPU each output
+   token cost, direct (this process) and through the gateway (every process, ``gateway_by_process``),
+   at 8 streams, and ``gateway_cpu_efficiency`` = direct ÷ gateway (the throughput ratio the gateway
+   would reach were the cores all the benchmark's and every one of them busy).
    Then a second agent and replica, 16 long requests by 8 streams, and the first agent killed (``kill
    -9``) once all 8 are under way: ``failover_failed_requests`` (raised, or a text other than the direct
    engine's for that prompt and seed), ``failover_held_requests`` and ``failover_added_latency_ms``.
@@ -288,13 +292,13 @@ def streams(served: ServedModel, prompts: list[list[int]], params: list[Sampling
                 return
 
     with Engine(served, max_batch=8) as engine:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), sum(os.times()[:2])
         workers = [threading.Thread(target=stream, args=(engine,)) for _ in range(count)]
         for w in workers:
             w.start()
         for w in workers:
             w.join()
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, sum(os.times()[:2]) - cpu
     if errors:
         raise errors[0]
     ms = [t * 1000 for t in ttfts]
@@ -307,6 +311,8 @@ def streams(served: ServedModel, prompts: list[list[int]], params: list[Sampling
         "ttft_p50_ms": round(percentile(ms, 50), 1),
         "ttft_p99_ms": round(percentile(ms, 99), 1),
         "ttft_max_ms": round(max(ms), 1),
+        "cpu_s": round(cpu, 2),
+        "cpu_ms_per_token": round(cpu / tokens[0] * 1000, 3),
     }
 
 
@@ -639,6 +645,17 @@ def _summary(
         "added_latency_p50_ms": round(added, 1),
         "added_latency_8_streams_p50_ms": round(
             gateway["8_streams"]["ttft_p50_ms"] - direct["8_streams"]["ttft_p50_ms"], 1
+        ),
+        "cpu_ms_per_token": {
+            "direct": direct["8_streams"]["cpu_ms_per_token"],
+            "gateway": gateway["8_streams"]["cpu_ms_per_token"],
+            "gateway_by_process": {
+                name: round(seconds / gateway["8_streams"]["tokens"] * 1000, 3)
+                for name, seconds in gateway["8_streams"]["cpu_s"].items()
+            },
+        },
+        "gateway_cpu_efficiency": round(
+            direct["8_streams"]["cpu_ms_per_token"] / gateway["8_streams"]["cpu_ms_per_token"], 3
         ),
         "failover_failed_requests": failover["failed"],
         "failover_requests": failover["requests"],

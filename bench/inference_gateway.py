@@ -13,11 +13,17 @@ gateway to the official ``openai`` client.
    kill, the gap between its last chunk before and its first after, less its own median gap between
    chunks, is what the kill added; the requests the killed replica held are those it added more than
    ``HELD_MS`` to (the others only share the cores).
+
+Each run of part 1 also reports the CPU seconds each process spent on it (``cpu_s``: this process's
+clients, the coordinator, the agents, their tasks: the replica with its engine) and their sum per output
+token (``cpu_ms_per_token``). On a machine shared with other work the wall-clock ratios follow its load;
+the CPU a token costs on each side of the gateway does not, and says what the gateway adds.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 import tempfile
 import threading
@@ -29,7 +35,7 @@ import openai
 
 from gpuflex.cli.deploy import upload_served_model
 from gpuflex.client import Client
-from gpuflex.localnet import LocalNetwork
+from gpuflex.localnet import LocalNetwork, descendants
 from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.serve.sampling import SamplingParams
 from gpuflex.testing import wait_for
@@ -116,7 +122,28 @@ class _Streams:
         return [(c[0] - self.sent[i]) * 1000 for i, c in self.chunks.items() if c]
 
 
-def _figures(streams: _Streams, wall: float, count: int) -> dict:
+def _process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a live process (Linux: /proc); 0 for one that is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(net: LocalNetwork) -> dict[str, float]:
+    """CPU seconds so far: this process (the clients), the coordinator, the agents, their tasks."""
+    agents = [process.pid for process in net.agents.values()]
+    assert net.coordinator is not None, "the network runs"
+    return {
+        "clients": sum(os.times()[:2]),
+        "coordinator": _process_cpu_s(net.coordinator.pid),
+        "agents": sum(_process_cpu_s(pid) for pid in agents),
+        "tasks": sum(_process_cpu_s(pid) for agent in agents for pid in descendants(agent)),
+    }
+
+
+def _figures(streams: _Streams, wall: float, count: int, cpu: dict[str, float]) -> dict:
     ms = streams.ttft_ms()
     return {
         "streams": count,
@@ -128,6 +155,8 @@ def _figures(streams: _Streams, wall: float, count: int) -> dict:
         "ttft_p50_ms": round(_percentile(ms, 50), 1),
         "ttft_p99_ms": round(_percentile(ms, 99), 1),
         "ttft_max_ms": round(max(ms), 1),
+        "cpu_s": {name: round(seconds, 2) for name, seconds in cpu.items()},
+        "cpu_ms_per_token": round(sum(cpu.values()) / streams.tokens * 1000, 3),
     }
 
 
@@ -163,7 +192,10 @@ def measure(model_dir: Path, prompts: list[list[int]], params: list[SamplingPara
         through = {}
         for count in (1, 8):
             streams = _Streams(gateway, deployment, prompts, params)
-            through[f"{count}_streams"] = _figures(streams, streams.run(count), count)
+            before = _cpu_s(net)
+            wall = streams.run(count)
+            cpu = {name: seconds - before[name] for name, seconds in _cpu_s(net).items()}
+            through[f"{count}_streams"] = _figures(streams, wall, count, cpu)
             print(f"  gateway: {through[f'{count}_streams']}", flush=True)
 
         owner.scale(deployment, 2)

@@ -156,6 +156,10 @@ class LocalNetwork:
     def stop_agent(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
         _stop(self.agents.pop(name), sig, timeout_s)
 
+    def stop_replica(self, url: str, sig: int = signal.SIGKILL) -> None:
+        """Stop the coordinator replica at ``url`` (``kill -9`` by default, as when its machine dies)."""
+        _stop(self.replicas.pop(url), sig, 15)
+
     def stop_coordinator(self, sig: int = signal.SIGTERM) -> None:
         if self.coordinator is not None:
             _stop(self.coordinator, sig, 15)

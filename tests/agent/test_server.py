@@ -1,13 +1,20 @@
 """What a deployment's replica serves: a training job's LoRA checkpoint is written over the model directory
 the job tuned, from the blobs alone, and answers as the tuned model did; an uploaded directory is served as
-it was saved."""
+it was saved. A replica posts its events batched, what a client waits on at once, and a rate-limited
+post's events again."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
+
 import torch
 
-from gpuflex.agent.server import served_directory
+from gpuflex.agent.server import POST_INTERVAL_S, Replica, served_directory
+from gpuflex.errors import RateLimited
 from gpuflex.protocol.deployment import DeployedModel
+from gpuflex.protocol.relay import RelayEvent
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.serve.model import ServedModel
 from gpuflex.testing import save_llama
@@ -50,3 +57,56 @@ def test_a_jobs_lora_checkpoint_is_served_merged_over_the_directory_it_tuned(tmp
     with served_directory(uploaded, blobs.__getitem__, None) as directory:
         torch.testing.assert_close(_logits(directory, ids), _logits(model_dir, ids))
         assert not torch.allclose(_logits(directory, ids), tuned, atol=1e-3)
+
+
+class _Coordinator:
+    """The relay's end of a replica's posts: what each post carried, and when; 429 to the first
+    ``refuse`` posts."""
+
+    def __init__(self, refuse: int = 0):
+        self.posts: list[tuple[float, list[str]]] = []
+        self.refuse = refuse
+
+    def relay_events(self, events: list[RelayEvent]) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            raise RateLimited("too many requests from lease:l-1", retry_after_s=0.0)
+        self.posts.append((time.monotonic(), [f"{e.kind}:{e.token}" for e in events]))
+
+
+def _sent(coordinator: _Coordinator, events: list[tuple[RelayEvent, bool]], gap_s: float) -> None:
+    """``events`` (each with whether a client waits on it) put in a replica's outbox ``gap_s`` apart."""
+    replica = Replica(backend=None, sender=coordinator)  # type: ignore[arg-type]  # only sends here
+    sending = threading.Thread(target=replica._send)
+    sending.start()
+    for event in events:
+        replica._outbox.put(event)
+        time.sleep(gap_s)
+    replica._outbox.put(None)
+    sending.join(timeout=10)
+
+
+def _all(coordinator: _Coordinator) -> list[str]:
+    return list(itertools.chain.from_iterable(what for _, what in coordinator.posts))
+
+
+def test_a_replica_posts_tokens_together_but_what_a_client_waits_on_at_once():
+    started = RelayEvent(id="r", kind="started")
+    tokens = [RelayEvent(id="r", kind="token", token=i) for i in range(40)]
+    done = RelayEvent(id="r", kind="done")
+    coordinator = _Coordinator()
+    stream = [(started, False), (tokens[0], True)] + [(t, False) for t in tokens[1:]] + [(done, True)]
+    _sent(coordinator, stream, gap_s=0.002)  # a token every 2 ms: 40 in 80 ms
+    posts = [what for _, what in coordinator.posts]
+    assert posts[0] == ["started:None", "token:0"]  # the first token at once, with its start
+    assert _all(coordinator) == [f"{e.kind}:{e.token}" for e, _ in stream]  # each once, in order
+    assert len(posts) < len(stream) / 3  # not one post per token: a post every POST_INTERVAL_S at most
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(coordinator.posts[:-1])]
+    assert min(gaps) >= POST_INTERVAL_S * 0.9
+
+
+def test_events_a_rate_limited_post_carried_are_sent_again():
+    coordinator = _Coordinator(refuse=2)
+    events = [(RelayEvent(id="r", kind="token", token=i), True) for i in range(3)]
+    _sent(coordinator, events, gap_s=0.0)
+    assert _all(coordinator) == ["token:0", "token:1", "token:2"]

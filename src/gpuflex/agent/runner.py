@@ -22,6 +22,7 @@ def main(argv: list[str]) -> int:
     import torch
     from pydantic import TypeAdapter
 
+    from gpuflex import jsonlog
     from gpuflex.agent.server import run_server
     from gpuflex.client import TaskClient
     from gpuflex.data.cache import ShardCache
@@ -31,6 +32,8 @@ def main(argv: list[str]) -> int:
     from gpuflex.train.transport import SealedTransport
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    for name in jsonlog.QUIET:  # a line per call: a replica makes one per batch of tokens
+        logging.getLogger(name).setLevel(logging.WARNING)
     if threads := int(os.environ.get("GPUFLEX_TASK_THREADS", "0")):
         torch.set_num_threads(threads)
     stop = {"requested": False}

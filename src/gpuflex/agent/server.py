@@ -6,8 +6,11 @@ the coordinator's gateway (``protocol.relay``), held open from this side (a prov
 
 The poll thread long-polls for work and starts each request on the engine (``LocalBackend.submit``:
 encoded here, checked against the context, refused with an ``error`` event); a thread per request streams
-its events into one outbox; the sender thread posts whatever the outbox holds, so tokens drawn while a
-post is in flight go together in the next. The lease is renewed by the agent's heartbeats, as a worker's.
+its events into one outbox; the sender thread posts what the outbox holds. A post costs both ends far more
+than a token, so the sender posts at most every ``POST_INTERVAL_S`` (the tokens drawn meanwhile, by every
+request, go together), except at once for what a client waits on: a request's first token, its end, its
+refusal. That keeps a replica under its lease's rate limit; a 429 all the same is waited out and the
+events are sent again, never dropped. The lease is renewed by the agent's heartbeats, as a worker's.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import logging
 import queue
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from gpuflex.client import TaskClient
 from gpuflex.data.cache import ShardCache
-from gpuflex.errors import GPUFlexError
+from gpuflex.errors import GPUFlexError, RateLimited
 from gpuflex.protocol.deployment import DeployedModel
 from gpuflex.protocol.messages import ServerConfig
 from gpuflex.protocol.relay import MAX_RELAY_BATCH, RelayCompletion, RelayEvent, RelayRequest
@@ -39,6 +43,7 @@ from gpuflex.train.pretrained import model_directory
 log = logging.getLogger("gpuflex.server")
 
 POLL_WAIT_S = 10.0  # a poll returns at once with work; this bounds how long a stop waits for one
+POST_INTERVAL_S = 0.02  # events are posted at most this often, but at once when a client waits on one
 
 
 def run_server(
@@ -93,7 +98,7 @@ class Replica:
     def __init__(self, backend: LocalBackend, sender: TaskClient):
         self.backend, self.sender = backend, sender
         self.served = 0
-        self._outbox: queue.SimpleQueue[RelayEvent | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[RelayEvent, bool] | None] = queue.SimpleQueue()  # urgent?
         self._running: dict[str, Generation] = {}
         self._lock = threading.Lock()
 
@@ -131,15 +136,16 @@ class Replica:
                 resume=request.resume,
             )
         except GPUFlexError as err:
-            self._outbox.put(_error(request.id, err))
+            self._outbox.put((_error(request.id, err), True))
             return
         with self._lock:
             self._running[request.id] = generation
-        self._outbox.put(RelayEvent(id=request.id, kind="started"))
+        self._outbox.put((RelayEvent(id=request.id, kind="started"), False))  # goes with the first token
         threading.Thread(target=self._stream, args=(request.id, generation), daemon=True).start()
 
     def _stream(self, request_id: str, generation: Generation) -> None:
         try:
+            first = True
             for event in generation:
                 token = RelayEvent(
                     id=request_id,
@@ -148,43 +154,68 @@ class Replica:
                     text=event.text,
                     finish_reason=event.finish_reason,
                 )
-                self._outbox.put(token)
+                self._outbox.put((token, first))
+                first = False
             done = RelayEvent(id=request_id, kind="done", completion=_completion(generation.result()))
-            self._outbox.put(done)
+            self._outbox.put((done, True))
             with self._lock:
                 self.served += 1
         except Cancelled:
             pass  # its client went away: nobody reads the rest
         except GPUFlexError as err:
-            self._outbox.put(_error(request_id, err))
+            self._outbox.put((_error(request_id, err), True))
         except Exception as err:
             log.exception("request %s failed", request_id)
-            self._outbox.put(
-                RelayEvent(id=request_id, kind="error", status=500, message=f"generation failed: {err}")
-            )
+            failed = RelayEvent(id=request_id, kind="error", status=500, message=f"generation failed: {err}")
+            self._outbox.put((failed, True))
         finally:
             with self._lock:
                 self._running.pop(request_id, None)
 
     def _send(self) -> None:
-        """Post the outbox's events, as many as wait at once, until the end mark."""
-        while (first := self._outbox.get()) is not None:
-            batch = [first]
-            while len(batch) < MAX_RELAY_BATCH:
+        """Post the outbox's events until the end mark: a batch goes ``POST_INTERVAL_S`` after its first
+        event, or at once with an urgent one (and whatever else waits then)."""
+        batch: list[RelayEvent] = []
+        closing = False
+        while not closing or batch:
+            due, urgent = time.monotonic(), False  # a batch held back by a 429 goes at once
+            while not (closing or urgent) and len(batch) < MAX_RELAY_BATCH:
+                wait = max(0.0, due - time.monotonic()) if batch else None  # None: until an event comes
                 try:
-                    event = self._outbox.get_nowait()
+                    item = self._outbox.get(timeout=wait)
                 except queue.Empty:
                     break
-                if event is None:
-                    self._outbox.put(None)  # seen after this batch is sent
+                if item is None:
+                    closing = True
+                    continue
+                if not batch:
+                    due = time.monotonic() + POST_INTERVAL_S
+                batch.append(item[0])
+                urgent = item[1]
+            while not closing and len(batch) < MAX_RELAY_BATCH:  # what else waits goes along
+                try:
+                    item = self._outbox.get_nowait()
+                except queue.Empty:
                     break
-                batch.append(event)
-            try:
-                self.sender.relay_events(batch)
-            except GPUFlexError as err:
-                log.warning(
-                    "events of %d requests not delivered: %s", len({e.id for e in batch}), err.message
-                )
+                if item is None:
+                    closing = True
+                else:
+                    batch.append(item[0])
+            if batch:
+                sent = self._post(batch[:MAX_RELAY_BATCH])
+                batch = batch[MAX_RELAY_BATCH:] if sent else batch
+
+    def _post(self, events: list[RelayEvent]) -> bool:
+        """Post ``events``; False when the coordinator asked to wait (429): waited out, to be sent again."""
+        try:
+            self.sender.relay_events(events)
+        except RateLimited as err:
+            log.warning("events held back: %s", err.message)
+            time.sleep(max(err.retry_after_s, POST_INTERVAL_S))
+            return False
+        except GPUFlexError as err:
+            log.warning("events of %d requests not delivered: %s", len({e.id for e in events}), err.message)
+        return True
 
 
 def _error(request_id: str, err: GPUFlexError) -> RelayEvent:

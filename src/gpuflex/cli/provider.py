@@ -49,7 +49,13 @@ def node_client(name: str | None, data_dir: Path | None, url: str | None) -> Nod
 def start(
     price: Annotated[float, typer.Option(help="asking price, credits per hour")] = 0.10,
     name: Name = None,
-    url: Annotated[str | None, typer.Option(help="coordinator URL \\[env GPUFLEX_URL]")] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            help="coordinator URL \\[env GPUFLEX_URL]; several processes of one network comma-separated "
+            "(http://a:8750,http://b:8750): the agent and its tasks go to the next when one cannot be reached"
+        ),
+    ] = None,
     data_dir: DataDir = None,
     core: Annotated[
         bool, typer.Option("--core", help="register as a core node (needs the core token)")

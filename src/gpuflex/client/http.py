@@ -1,5 +1,9 @@
 """One HTTP session to the coordinator: errors become ``gpuflex.errors``, brief outages are retried.
 
+A URL may name several coordinator processes of one network, comma-separated (``http://a:8750,http://
+b:8750``): calls go to one, and to the next from the first that cannot be reached (a process that died),
+so a provider's agent and its tasks reconnect to a live one by themselves.
+
 Over ``https://`` the coordinator's certificate is verified against the system's CAs, or against ``ca``
 (a PEM file) alone when given: a coordinator whose certificate a private CA signed (``gpuflex coordinator
 serve --tls-cert``) is reached with ``--ca`` naming that CA, and one signed by any other CA is refused.
@@ -21,7 +25,8 @@ RETRYABLE_STATUS = {502, 503, 504}
 
 
 class HttpSession:
-    """Requests to one coordinator. ``sign`` adds headers computed from (method, path, body)."""
+    """Requests to one coordinator (one of ``base_url``'s, comma-separated). ``sign`` adds headers
+    computed from (method, path, body)."""
 
     def __init__(
         self,
@@ -34,16 +39,23 @@ class HttpSession:
         transport: httpx.BaseTransport | None = None,
         ca: str | Path | None = None,
     ):
-        self.base_url = base_url.rstrip("/")
+        self.urls = [url.strip().rstrip("/") for url in base_url.split(",") if url.strip()]
+        if not self.urls:
+            raise BadRequest("no coordinator URL given")
         self.sign = sign
         self.retry_for_s = retry_for_s
+        self._current = 0
         self._http = httpx.Client(
-            base_url=self.base_url,
             headers=headers or {},
             timeout=timeout_s,
             transport=transport,
             verify=trusting(ca),
         )
+
+    @property
+    def base_url(self) -> str:
+        """The coordinator calls go to now."""
+        return self.urls[self._current]
 
     def close(self) -> None:
         self._http.close()
@@ -60,6 +72,7 @@ class HttpSession:
         """Send one request; retry connection failures and 5xx for up to ``retry_for_s`` seconds."""
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.2
+        untried = len(self.urls) - 1  # the other coordinators, each tried at once on a failure
         while True:
             try:
                 response = self._send(method, path, json=json, content=content, params=params)
@@ -70,8 +83,12 @@ class HttpSession:
                         f"trusted ({_untrusted(err)}); pass the CA that signed it with --ca FILE "
                         "(or GPUFLEX_CA)"
                     ) from None
+                failed, self._current = self.base_url, (self._current + 1) % len(self.urls)
+                if untried:
+                    untried -= 1
+                    continue
                 if time.monotonic() >= deadline:
-                    raise ServiceError(f"cannot reach the coordinator at {self.base_url}: {err}") from None
+                    raise ServiceError(f"cannot reach the coordinator at {failed}: {err}") from None
             else:
                 if response.status_code not in RETRYABLE_STATUS or time.monotonic() >= deadline:
                     return _checked(response)
@@ -79,7 +96,8 @@ class HttpSession:
             delay = min(delay * 2, 1.0)  # a restarted coordinator is back within a second of it
 
     def _send(self, method, path, *, json, content, params) -> httpx.Response:
-        request = self._http.build_request(method, path, json=json, content=content, params=params)
+        url = self.base_url + path
+        request = self._http.build_request(method, url, json=json, content=content, params=params)
         if self.sign is not None:
             target = request.url.raw_path.decode()
             request.headers.update(self.sign(method, target, request.read()))

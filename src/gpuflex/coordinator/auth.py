@@ -65,10 +65,16 @@ def current_account(request: Request, ctx: Ctx) -> Account:
     return account
 
 
-def current_task(request: Request, ctx: Ctx) -> Lease:
+def task_token(request: Request) -> str:
+    """The caller's task token; ``Unauthorized`` without one."""
     token = bearer(request)
     if not token or not token.startswith(TASK_PREFIX):
         raise Unauthorized("this endpoint needs a task token: Authorization: Bearer gfxtask_...")
+    return token
+
+
+def current_task(request: Request, ctx: Ctx) -> Lease:
+    token = task_token(request)
     with ctx.tx() as s:
         lease = leases.authenticate_task(s, token, ctx.now())
     charge(request, f"lease:{lease.id}")

@@ -10,18 +10,25 @@ local replica; a cancel goes the same way. A NOTIFY payload holds under 8,000 by
 message travels in parts, reassembled in order (one sending connection per process: PostgreSQL
 delivers one session's notifications in the order they were committed).
 
-Not brokered: a replica lost on another process fails the request it held there with a 503 (failover
-moves requests between the replicas of one process); served rates are counted where the replica is.
+Failover crosses processes: a replica lost on its holder is reported to the sender (``lost``), whose
+request goes on on another live replica (held here or by any process) from the tokens it read; a holder
+that dies stops announcing, so its leases go stale after ``HELD_S`` and the requests sent there move on
+likewise (its replicas reconnect to another process: ``client.http``). Each connection reconnects
+with backoff when PostgreSQL drops it (a restart, ``pg_terminate_backend``): the listening one LISTENs
+again, the sending one sends again what it was sending; notifications sent while the listener was away
+are lost (a request waiting on them fails after ``relay.SILENCE_S``; announcements come again within
+one poll). Served rates are counted where the replica is.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import secrets
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 
 import psycopg
 
@@ -34,6 +41,10 @@ HOLDERS = "gpuflex_relay_holders"
 ANNOUNCE_S = 2.0  # a lease is announced again at most this often (on its polls)
 HELD_S = 15.0  # an announcement stands this long (a replica polls at least every 10 s)
 PART = 3000  # characters of a message per notification (escaped, under PostgreSQL's 8,000 bytes)
+RECONNECT_S = (0.1, 5.0)  # a dropped connection is opened again after this, doubling up to the second
+LISTENER, SENDER = "gpuflex-relay-listen", "gpuflex-relay-send"  # the connections' application_name
+
+log = logging.getLogger("gpuflex.broker")
 
 
 class Broker:
@@ -56,10 +67,8 @@ class Broker:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        listening = psycopg.connect(self._dsn, autocommit=True)
-        listening.execute(f"LISTEN {HOLDERS}")
-        listening.execute(f"LISTEN {self.channel}")
-        sending = psycopg.connect(self._dsn, autocommit=True)
+        """Connect (listening before this returns: no announcement made from now on is missed)."""
+        listening, sending = self._listening(), self._connect(SENDER)
         for target, conn in ((self._listen, listening), (self._send, sending)):
             thread = threading.Thread(target=target, args=(conn,), name="relay-broker", daemon=True)
             thread.start()
@@ -75,23 +84,33 @@ class Broker:
     # ------------------------------------------------------------------------------ the relay's calls
 
     def announce(self, lease_id: str) -> None:
-        """A replica of ``lease_id`` polls this process (from the event loop: nothing blocks here)."""
+        """A replica of ``lease_id`` polls this process (from the event loop: nothing blocks here); it
+        left the process that held it before, if any (requests sent there move on: ``alive``)."""
         now = time.monotonic()
+        with self._lock:
+            self._holders.pop(lease_id, None)
         if now - self._announced.get(lease_id, -ANNOUNCE_S) >= ANNOUNCE_S:
             self._announced[lease_id] = now
             self._post(HOLDERS, {"t": "holds", "lease": lease_id, "at": self.channel})
 
     def holder(self, leases: Collection[str]) -> str | None:
-        """One of ``leases`` whose replica another process announced lately."""
+        """The channel of another process that announced one of ``leases`` within ``HELD_S``."""
         now = time.monotonic()
         with self._lock:
-            held = [k for k in leases if k in self._holders and now - self._holders[k][1] < HELD_S]
-        return held[0] if held else None
+            held = [self._holders[k] for k in sorted(leases) if k in self._holders]
+        return next((channel for channel, at in held if now - at < HELD_S), None)
 
-    def submit(self, generation: RemoteGeneration, lease_id: str) -> None:
-        """Send the generation's request to the process holding ``lease_id``; its events come back."""
+    def alive(self, channel: str) -> bool:
+        """Whether the process of ``channel`` announced a replica within ``HELD_S`` (one that died does
+        not; nor does one whose replicas all left it)."""
+        now = time.monotonic()
         with self._lock:
-            channel = self._holders[lease_id][0]
+            return any(c == channel and now - at < HELD_S for c, at in self._holders.values())
+
+    def submit(self, generation: RemoteGeneration, channel: str) -> None:
+        """Send the generation's request to the process of ``channel``, which places it on the replica
+        with the fewest open among those of the generation's leases it holds; its events come back."""
+        with self._lock:
             self._waiting[generation.request.id] = generation
         p = generation.params
         self._post(
@@ -99,19 +118,17 @@ class Broker:
             {
                 "t": "submit",
                 "reply": self.channel,
-                "lease": lease_id,
+                "leases": sorted(generation.leases - generation.lost),
                 "deployment": generation.deployment_id,
                 "request": generation.request.model_dump(mode="json"),
                 "params": [p.temperature, p.top_p, p.max_tokens, list(p.stop), p.seed],
             },
         )
 
-    def cancel(self, lease_id: str, request_id: str) -> None:
+    def cancel(self, channel: str, request_id: str) -> None:
         with self._lock:
             self._waiting.pop(request_id, None)
-            held = self._holders.get(lease_id)
-        if held is not None:
-            self._post(held[0], {"t": "cancel", "id": request_id})
+        self._post(channel, {"t": "cancel", "id": request_id})
 
     # ---------------------------------------------------------------------------------- the threads
 
@@ -128,25 +145,65 @@ class Broker:
         if first:
             self._outbox.put((channel, None))
 
-    def _send(self, conn: psycopg.Connection) -> None:
-        with conn:
-            while (item := self._outbox.get()) is not None:
-                channel, text = item
-                if text is not None:
-                    conn.execute("SELECT pg_notify(%s, %s)", (channel, text))
-                    continue
+    def _send(self, conn: psycopg.Connection | None) -> None:
+        waits = _backoff()
+        while (item := self._outbox.get()) is not None:
+            channel, text = item
+            if text is None:
                 with self._lock:
                     events = self._batches.pop(channel, [])
-                for each in _notifications({"t": "events", "events": events}):
-                    conn.execute("SELECT pg_notify(%s, %s)", (channel, each))
-
-    def _listen(self, conn: psycopg.Connection) -> None:
-        with conn:
-            while not self._stop.is_set():
-                for note in conn.notifies(timeout=0.5):
-                    self._take(json.loads(note.payload))
-                    if self._stop.is_set():
+                texts = _notifications({"t": "events", "events": events})
+            else:
+                texts = [text]
+            for each in texts:
+                while True:  # sent again, on a new connection, while PostgreSQL drops it
+                    try:
+                        conn = conn or self._connect(SENDER)
+                        conn.execute("SELECT pg_notify(%s, %s)", (channel, each))
+                        waits = _backoff()
                         break
+                    except psycopg.Error as err:
+                        if conn is not None:
+                            conn.close()
+                        conn = None
+                        log.warning("relay broker: sending failed (%s); connecting again", _one_line(err))
+                        if self._stop.wait(next(waits)):
+                            break  # stopping: not sent
+        if conn is not None:
+            conn.close()
+
+    def _listen(self, conn: psycopg.Connection | None) -> None:
+        waits = _backoff()
+        while not self._stop.is_set():
+            try:
+                conn = conn or self._listening()
+                with conn:
+                    waits = _backoff()
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self._handle(note.payload)
+                            if self._stop.is_set():
+                                break
+            except psycopg.Error as err:
+                conn = None
+                log.warning("relay broker: listening failed (%s); connecting again", _one_line(err))
+                self._stop.wait(next(waits))
+
+    def _connect(self, name: str) -> psycopg.Connection:
+        return psycopg.connect(self._dsn, autocommit=True, application_name=name)
+
+    def _listening(self) -> psycopg.Connection:
+        conn = self._connect(LISTENER)
+        conn.execute(f"LISTEN {HOLDERS}")
+        conn.execute(f"LISTEN {self.channel}")
+        return conn
+
+    def _handle(self, payload: str) -> None:
+        """Take one notification; a message that cannot be taken is logged, and the listener goes on."""
+        try:
+            self._take(json.loads(payload))
+        except Exception:
+            log.exception("relay broker: a message could not be taken: %.200s", payload)
 
     def _take(self, message: dict) -> None:
         kind = message["t"]
@@ -172,6 +229,12 @@ class Broker:
                         self._waiting.pop(event.id, None)
                 if generation is not None:
                     generation.put(event)
+        elif kind == "lost":  # the replica serving it was lost where it was: it goes on elsewhere
+            with self._lock:
+                generation = self._waiting.pop(message["id"], None)
+            if generation is not None:
+                generation.lost.add(message["lease"])
+                generation.put(("lost", message["id"]))
         elif kind == "cancel":
             with self._lock:
                 generation = self._serving.pop(message["id"], None)
@@ -186,25 +249,38 @@ class Broker:
         reply = message["reply"]
 
         def forward(event: RelayEvent | tuple[str, str]) -> None:
-            if isinstance(event, tuple):  # the replica was lost here
-                event = RelayEvent(
-                    id=request.id, kind="error", status=503, message="the replica serving it was lost"
-                )
-            if event.kind in ("done", "error"):
+            ended = isinstance(event, tuple) or event.kind in ("done", "error")
+            if ended:
                 with self._lock:
                     self._serving.pop(request.id, None)
-            self._post_event(reply, event)
+            if isinstance(event, tuple):  # the replica was lost here: the sender moves the request on
+                lost = {"t": "lost", "id": request.id, "lease": generation.lease_id}
+                self._post(reply, lost)  # after the events queued before it
+            else:
+                self._post_event(reply, event)
 
         generation = RemoteGeneration(
-            self.relay, message["deployment"], request, params, [message["lease"]], time.monotonic()
+            self.relay, message["deployment"], request, params, message["leases"], time.monotonic()
         )
         generation.put = forward  # type: ignore[method-assign]
         with self._lock:
             self._serving[request.id] = generation
         try:
-            self.relay._place(generation)
+            self.relay._place(generation, brokered=False)  # held here, or it fails: never sent on
         except ServiceError as err:
             forward(RelayEvent(id=request.id, kind="error", status=503, message=err.message))
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
+
+
+def _backoff() -> Iterator[float]:
+    """The waits before each new connection: from ``RECONNECT_S[0]``, doubling up to ``RECONNECT_S[1]``."""
+    wait = RECONNECT_S[0]
+    while True:
+        yield wait
+        wait = min(2 * wait, RECONNECT_S[1])
 
 
 def _notifications(message: dict) -> list[str]:

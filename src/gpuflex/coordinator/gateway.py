@@ -126,8 +126,9 @@ def _card(deployment: Job) -> ModelCard:
     return ModelCard(deployment.id, specs.deployment(deployment).context, int(deployment.created_at))
 
 
-def backend(
+async def backend(
     request: Request, ctx: Ctx, caller: Annotated[GatewayCaller, Depends(gateway_caller)]
 ) -> GatewayBackend:
-    """The routes' ``backend`` dependency: the gateway as the caller (authenticated once a request)."""
+    """The routes' ``backend`` dependency: the gateway as the caller (authenticated once a request).
+    async: it reads nothing, and FastAPI runs a plain ``def`` dependency in its thread pool (a hop)."""
     return GatewayBackend(ctx, request.app.state.relay, caller, request.app.state.metrics)

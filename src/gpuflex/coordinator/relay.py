@@ -6,9 +6,10 @@ deployment with the fewest requests open (``submit``, from the thread pool, wher
 the backend) and reads its events as a ``serve.backend.Generation``. A replica counts as connected
 while it polls, and for ``STALE_S`` after its last poll ended.
 
-This state lives in one process: a request reaches only the replicas connected to the coordinator it
-reached (several coordinator replicas will share it through a broker; not yet). So do the served rates
-and times to first token it keeps per deployment over the last ``WINDOW_S`` (``stats``).
+This state lives in one process: with several coordinator processes, a request for a deployment none
+of whose replicas poll this one goes through the broker (``coordinator.broker``) to the process that holds
+one, and fails over from there as from a replica of its own. The served rates and times to first token
+kept per deployment over the last ``WINDOW_S`` (``stats``) are this process's.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
 STALE_S = 5.0  # a replica that has not polled for this long takes no new request
 LOST_S = 3.0  # a replica with no poll waiting for this long is lost: its requests move to another
 CHECK_S = 0.5  # how often a request waiting for its replica's events checks the replica is there
-MAX_FAILOVERS = 3  # a request lost on this many replicas fails
-REMOTE = "@"  # a request's lease id, prefixed: its replica is held by another coordinator process
+MAX_FAILOVERS = 3  # a request that lost its replica this many times fails
+REMOTE = "@"  # prefixes a request's lease id: another coordinator process (its broker channel) serves it
 START_S = 30.0  # a replica says whether it took a request (encoded, it fits) within this
 SILENCE_S = 60.0  # a request whose replica sends nothing for this long fails
 WINDOW_S = 60.0  # ``stats`` covers the requests served this long ago at most
@@ -67,7 +68,8 @@ class RemoteGeneration:
         self.deployment_id, self.request, self.params = deployment_id, request, params
         self.leases = frozenset(leases)
         self.lease_id = ""  # the replica serving it now (``Relay._place``)
-        self.lost: set[str] = set()  # replicas it was lost on
+        self.lost: set[str] = set()  # replicas it was lost on (the broker adds those lost elsewhere)
+        self.moves = 0  # how many times it moved on
         self.submitted_at, self.first_token_at = now, None  # when the relay heard of them
         self.completion: Completion | None = None
         self.on_done: Callable[[Completion], None] = lambda _: None  # the gateway counts usage here
@@ -154,10 +156,12 @@ class RemoteGeneration:
     def _failover(self) -> None:
         """Go on on another live replica from the tokens read (the last one drawn again if it ended the
         output: a resumed output must not have ended); ``ServiceError`` when none is left."""
-        self.lost.add(self.lease_id)
-        if len(self.lost) > MAX_FAILOVERS:
+        if not self.lease_id.startswith(REMOTE):  # a remote one: the broker names the replica lost
+            self.lost.add(self.lease_id)
+        self.moves += 1
+        if self.moves > MAX_FAILOVERS:
             self._ended = True
-            raise ServiceError(f"the request lost {len(self.lost)} replicas: giving up")
+            raise ServiceError(f"the request lost its replica {self.moves} times: giving up")
         resume = self._tokens[:-1] if self._finished else list(self._tokens)
         self._skip = len(self._tokens) - len(resume)
         self.request = self.request.model_copy(update={"id": secrets.token_hex(12), "resume": resume})
@@ -273,8 +277,9 @@ class Relay:
     def alive(self, lease_id: str) -> bool:
         """Whether the replica of ``lease_id`` still serves; one with no poll waiting for ``LOST_S`` is
         lost (``_lose``), and so is one this process no longer knows."""
-        if lease_id.startswith(REMOTE):
-            return True  # served through the broker: its holder says when it is lost
+        if lease_id.startswith(REMOTE):  # its holder says when it is lost; and it is, if the holder died
+            assert self.broker is not None, "only the broker's requests are remote"
+            return self.broker.alive(lease_id.removeprefix(REMOTE))
         with self._lock:
             replica = self._replicas.get(lease_id)
             if replica is None or replica.lost:
@@ -338,9 +343,10 @@ class Relay:
         generation.wait_started()
         return generation
 
-    def _place(self, generation: RemoteGeneration) -> None:
+    def _place(self, generation: RemoteGeneration, *, brokered: bool = True) -> None:
         """Queue the generation's request on the live replica with the fewest requests open, among its
-        leases' and not one it was lost on; ``ServiceError`` when there is none."""
+        leases' and not one it was lost on, else (``brokered``) send it to another process holding one;
+        ``ServiceError`` when there is none."""
         with self._lock:
             now = self._clock()
             for lease_id in [k for k, r in self._replicas.items() if now - r.seen > 10 * SILENCE_S]:
@@ -351,11 +357,11 @@ class Relay:
                 for k, r in self._replicas.items()
                 if k in generation.leases and k not in generation.lost and r.connected(now)
             ]
-            if not live and self.broker is not None:
-                held = self.broker.holder(generation.leases - generation.lost)
-                if held is not None:  # another coordinator process holds its replica
-                    generation.lease_id = REMOTE + held
-                    self.broker.submit(generation, held)
+            if not live and brokered and self.broker is not None:
+                holder = self.broker.holder(generation.leases - generation.lost)
+                if holder is not None:  # another coordinator process holds its replicas
+                    generation.lease_id = REMOTE + holder
+                    self.broker.submit(generation, holder)
                     return
             if not live:
                 lost = " any more (its replica was lost)" if generation.lost else " yet"

@@ -10,10 +10,11 @@ and the body is parsed here, after the key is checked, so malformed JSON is a 40
 FastAPI's 422) and nobody without the key learns what the body should have been.
 
 Generation blocks (the engine's queue), so it never runs on the event loop: encoding, submitting and
-waiting for a completion run in the thread pool, and a stream takes each event there
-(``iterate_in_threadpool``). Everything that can refuse a request (model, fields, context, ranges)
-refuses it before a stream starts, so a refusal is always a 4xx; only a failure while generating reaches
-a streaming client, as an ``error`` event. A client that goes away cancels its generation.
+waiting for a completion run in the thread pool, and a stream's events are read by a thread of its own,
+whose lines the loop writes as they come, those that came together in one write (not a hop to the thread
+pool and back per token). Everything that can refuse a request (model, fields, context, ranges) refuses
+it before a stream starts, so a refusal is always a 4xx; only a failure while generating reaches a
+streaming client, as an ``error`` event. A client that goes away cancels its generation.
 Bodies are read up to ``MAX_BODY_BYTES``.
 """
 
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
@@ -34,7 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.concurrency import run_in_threadpool
 
 from gpuflex.errors import (
     BadRequest,
@@ -154,8 +156,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
     @router.post("/completions", openapi_extra=_documented(o.CompletionRequest))
     async def completions(request: Request, served: Served) -> Response:
         body = await _parse(request, o.CompletionRequest)
-        card = served.model(body.model)
-        generation = await _submit(served, card, _prompt(body.prompt), body, body.max_tokens)
+        card, generation = await _submit(served, body, partial(_prompt, body.prompt), body.max_tokens)
         head = {"id": f"cmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_completion_chunks(generation, head, body.include_usage), generation)
@@ -169,10 +170,8 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
     @router.post("/chat/completions", openapi_extra=_documented(o.ChatCompletionRequest))
     async def chat_completions(request: Request, served: Served) -> Response:
         body = await _parse(request, o.ChatCompletionRequest)
-        card = served.model(body.model)
         asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        prompt = Prompt(messages=tuple(_messages(body.messages)))
-        generation = await _submit(served, card, prompt, body, asked)
+        card, generation = await _submit(served, body, partial(_chat_prompt, body.messages), asked)
         head = {"id": f"chatcmpl-{secrets.token_hex(12)}", "created": int(time.time()), "model": card.name}
         if body.stream:
             return _stream(_chat_chunks(generation, head, body.include_usage), generation)
@@ -264,6 +263,10 @@ def _prompt(prompt: str | list) -> Prompt:
     return Prompt(text=prompt) if isinstance(prompt, str) else Prompt(ids=tuple(prompt))
 
 
+def _chat_prompt(messages: list[o.ChatMessage]) -> Prompt:
+    return Prompt(messages=tuple(_messages(messages)))
+
+
 def _messages(messages: list[o.ChatMessage]) -> list[dict]:
     """Messages as the model's chat template takes them: text parts joined, ``developer`` as ``system``."""
     plain = []
@@ -279,20 +282,28 @@ def _messages(messages: list[o.ChatMessage]) -> list[dict]:
 
 
 async def _submit(
-    served: Backend, card: ModelCard, prompt: Prompt, body: Any, max_tokens: int | None
-) -> Generation:
-    """Start generating (encoded and checked against the context where the model is); a chat request
-    without ``max_tokens`` may fill the context."""
-    given = {
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "stop": body.stop,
-        "seed": body.seed,
-        "max_tokens": max_tokens,
-    }
-    params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
-    fill = max_tokens is None and prompt.messages is not None
-    return await run_in_threadpool(partial(served.submit, card.name, prompt, params, fill=fill))
+    served: Backend, body: Any, prompt: Callable[[], Prompt], max_tokens: int | None
+) -> tuple[ModelCard, Generation]:
+    """The model asked for, and its generation started (encoded and checked against the context where
+    the model is); a chat request without ``max_tokens`` may fill the context. In the thread pool, in one
+    go: finding the model may read the database. Refused in this order: the model, the prompt, the
+    sampling settings."""
+
+    def start() -> tuple[ModelCard, Generation]:
+        card = served.model(body.model)
+        asked = prompt()
+        given = {
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "stop": body.stop,
+            "seed": body.seed,
+            "max_tokens": max_tokens,
+        }
+        params = SamplingParams(**{name: value for name, value in given.items() if value is not None})
+        fill = max_tokens is None and asked.messages is not None
+        return card, served.submit(card.name, asked, params, fill=fill)
+
+    return await run_in_threadpool(start)
 
 
 async def _result(request: Request, generation: Generation) -> Completion | None:
@@ -350,9 +361,29 @@ def _stream(events: Iterator[BaseModel], generation: Generation) -> StreamingRes
         yield "data: [DONE]\n\n"
 
     async def sent() -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Queue[str | None] = asyncio.Queue()  # None: the last line was sent
+
+        def put(line: str | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the server is gone: nobody reads it
+                loop.call_soon_threadsafe(ready.put_nowait, line)
+
+        def pump() -> None:
+            try:
+                for line in lines():
+                    put(line)
+            finally:
+                put(None)
+
+        threading.Thread(target=pump, name="sse", daemon=True).start()
         try:
-            async for line in iterate_in_threadpool(lines()):
-                yield line
+            while (line := await ready.get()) is not None:
+                taken = [line]  # the lines that came meanwhile go in the same write
+                while not ready.empty() and (line := ready.get_nowait()) is not None:
+                    taken.append(line)
+                yield "".join(taken)
+                if line is None:
+                    return
         finally:
             generation.cancel()  # nothing, when it ended
 

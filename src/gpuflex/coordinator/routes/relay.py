@@ -5,9 +5,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from gpuflex.auth.tokens import token_hash
-from gpuflex.coordinator.auth import Ctx, TaskLease, bearer, charge
+from gpuflex.coordinator.auth import Ctx, bearer, charge, task_token
 from gpuflex.coordinator.db import Lease, Task
 from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.services import leases
 from gpuflex.errors import Forbidden, Unauthorized
 from gpuflex.protocol.relay import RelayEvents, RelayWork
 
@@ -16,11 +17,15 @@ router = APIRouter(prefix="/task/relay", tags=["tasks"], responses=errors(404, 4
 MAX_WAIT_S = 30.0
 
 
-def server_lease(lease: TaskLease, ctx: Ctx) -> Lease:
-    """The caller's lease, if it is a deployment's replica's (a plain ``def``: read in the thread pool)."""
+def server_lease(request: Request, ctx: Ctx) -> Lease:
+    """The caller's live lease, if it is a deployment's replica's: one read (a plain ``def``: in the
+    thread pool), not ``auth.current_task``'s write transaction, for a poll comes with every request."""
+    token = task_token(request)
     with ctx.read() as s:
+        lease = leases.authenticate_task(s, token, ctx.now())
         if s.get(Task, lease.task_id).role != "server":
             raise Forbidden("only a deployment's server task is relayed requests")
+    charge(request, f"lease:{lease.id}")
     return lease
 
 

@@ -26,7 +26,7 @@ lint: $(STAMP)
 
 test: lint
 	scripts/ensure-chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) gpuflex-demo .pytest_cache .ruff_cache .hypothesis

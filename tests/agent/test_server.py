@@ -100,7 +100,7 @@ def test_a_replica_posts_tokens_together_but_what_a_client_waits_on_at_once():
     posts = [what for _, what in coordinator.posts]
     assert posts[0] == ["started:None", "token:0"]  # the first token at once, with its start
     assert _all(coordinator) == [f"{e.kind}:{e.token}" for e, _ in stream]  # each once, in order
-    assert len(posts) < len(stream) / 3  # not one post per token: a post every POST_INTERVAL_S at most
+    assert any(len(p) > 1 for p in posts[1:])  # tokens drawn within an interval go together
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(coordinator.posts[:-1])]
     assert min(gaps) >= POST_INTERVAL_S * 0.9
 

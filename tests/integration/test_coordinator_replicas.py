@@ -72,7 +72,8 @@ def test_requests_are_brokered_between_coordinator_processes_and_fail_over_acros
             *who,
         )
         deployment = re.search(r"deployed (d-[0-9a-f]+)", out)[1]
-        key = client.create_key(deployment).key
+        made = client.create_key(deployment)
+        key = made.key
         direct, brokered = (
             openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
             for url in (second, first)
@@ -109,7 +110,7 @@ def test_requests_are_brokered_between_coordinator_processes_and_fail_over_acros
         reference = ask()  # uninterrupted
         n, text = reference.usage.completion_tokens, reference.choices[0].text
         assert n > 100  # long enough that the kill lands mid-stream
-        counted = client.deployment(deployment).keys[0].completion_tokens
+        counted = _on_key(client.deployment(deployment), made.id).completion_tokens
         streams = [ask(stream=True, stream_options={"include_usage": True}) for _ in range(2)]
         read = [[next(iter(s)).choices[0].text for _ in range(20)] for s in streams]  # one on each replica
         net.kill_agent("c0")  # kill -9, its replica too
@@ -117,9 +118,14 @@ def test_requests_are_brokered_between_coordinator_processes_and_fail_over_acros
             chunks = list(stream)
             assert "".join(start) + "".join(c.choices[0].text for c in chunks if c.choices) == text
             assert len(chunks) > 20 and chunks[-1].usage.completion_tokens == n  # mid-stream; billed once
-        assert client.deployment(deployment).keys[0].completion_tokens - counted == 2 * n
+        assert _on_key(client.deployment(deployment), made.id).completion_tokens - counted == 2 * n
 
         # the second process dies: the replica left polls the first, which serves it itself
         net.stop_replica(second)
         wait_for(lambda: _served(brokered, deployment), 60, "the replica to reconnect to the first")
         assert ask().choices[0].text == text
+
+
+def _on_key(deployment, key_id: str):
+    """The usage counted on one key (the deployment's first row is its owner's account token)."""
+    return next(k for k in deployment.keys if k.id == key_id)

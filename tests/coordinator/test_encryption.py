@@ -2,6 +2,7 @@
 live lease at its current epoch, sealed by the consumer's CLI to the key the node signed; the job's log
 says a node waits for it; bad input is one line."""
 
+import json
 import secrets
 import subprocess
 
@@ -14,6 +15,7 @@ from gpuflex.agent.runner import DATA_KEY
 from gpuflex.agent.sandbox import TaskProcess
 from gpuflex.auth.sealing import load_or_create
 from gpuflex.cli.data import upload_prepared
+from gpuflex.cli.jobs import upload_model
 from gpuflex.cli.keys import consumer_key, data_key, key_path, new_job_key, seal_requests
 from gpuflex.coordinator.app import reap_once
 from gpuflex.data.cache import ShardCache
@@ -31,10 +33,12 @@ from gpuflex.privacy.envelope import (
     unseal_key,
 )
 from gpuflex.protocol import messages as m
-from gpuflex.protocol.spec import DataSpec, JobSpec
-from gpuflex.testing import prepare_bytes, register_node, write_corpus
+from gpuflex.protocol.deployment import DeploymentSpec
+from gpuflex.protocol.spec import DataSpec, JobSpec, TrainingSpec
+from gpuflex.testing import prepare_bytes, register_node, save_llama, write_corpus
+from gpuflex.train.pretrained import model_directory, same_model
 from gpuflex.train.recipes.prepared import prepared_data
-from gpuflex.train.transport import SealedTransport, fetch_verified
+from gpuflex.train.transport import SealedTransport, as_stored, fetch_verified
 
 from .conftest import CORE_TOKEN
 
@@ -217,10 +221,10 @@ def test_an_encrypted_prepared_dataset_is_stored_as_ciphertext_and_a_leased_task
     lab = coordinator.consumer("lab", deposit=5)
     spec = _spec().model_copy(update={"data": DataSpec(prepared=str(prepared))})
 
-    seal, sealed_key = new_job_key()
-    uploaded = upload_prepared(lab, spec, prepared, seal)
+    job_key = new_job_key()
+    uploaded = upload_prepared(lab, spec, prepared, job_key.seal)
     assert uploaded.sent == uploaded.shards == len(plain.train) + len(plain.validation)
-    job = lab.submit(spec, dataset=uploaded.manifest, sealed_key=sealed_key)
+    job = lab.submit(spec, dataset=uploaded.manifest, sealed_key=job_key.sealed)
     core.lease()
     grant = node.lease()
     seal_requests(lab, job.id, consumer_key(), lambda _: None)
@@ -243,3 +247,60 @@ def test_an_encrypted_prepared_dataset_is_stored_as_ciphertext_and_a_leased_task
     for path in blobs + cached:  # the store and the node's disk hold ciphertext only
         data = path.read_bytes()
         assert canary.encode() not in data and as_tokens not in data, path
+
+
+def test_an_encrypted_model_directory_is_stored_and_cached_as_ciphertext_and_opens_only_in_the_task(
+    coordinator, home, tmp_path
+):
+    canary = f"CANARY-{secrets.token_hex(8)}"
+    model_dir = save_llama(tmp_path / "model", ["alpha beta gamma delta. " * 50], hidden=64)
+    for name in ("config.json", "tokenizer_config.json"):  # the canary in the config and the tokenizer
+        path = model_dir / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), "note": canary}))
+    core = coordinator.node("core", core=True, sealing_key=X25519PrivateKey.generate())
+    sealing = X25519PrivateKey.generate()
+    node = coordinator.node("a", sealing_key=sealing)
+    lab = coordinator.consumer("lab", deposit=5)
+    training = {"recipe": "hf-causal-lm", "model": {"from": str(model_dir)}, "lora": {"r": 4}}
+    spec = _spec().model_copy(update={"training": TrainingSpec.model_validate(training)})
+
+    job_key = new_job_key()
+    spec = upload_model(lab, spec, job_key)
+    uploaded, size = spec.training.model.uploaded, spec.training.model.size
+    assert uploaded.part_bytes < coordinator.ctx.settings.max_blob_bytes  # a sealed part fits the limit
+    assert 0 < size.trainable < size.parameters  # counted on the consumer's machine: the job's declared size
+    job = lab.submit(spec, dataset=lab.upload(job_key.seal(b"the corpus")), sealed_key=job_key.sealed)
+    assert lab.job(job.id).spec.training.model.uploaded == uploaded
+    deployment = DeploymentSpec.model_validate({"name": "d", "model": {"job": job.id}, "budget": 0.1})
+    with pytest.raises(BadRequest, match=r"is encrypted \(privacy\.encrypt\): its checkpoint and model"):
+        lab.deploy(deployment)  # no replica holds the key: refused before money moves
+    core.lease()
+    grant = node.lease()
+    seal_requests(lab, job.id, consumer_key(), lambda _: None)
+    key = unseal_key(bytes.fromhex(node.lease_key(grant.lease_id, grant.epoch).sealed_key), sealing, job.id)
+
+    task = coordinator.task(grant)
+    stored, unseal = as_stored(SealedTransport(task, key))
+    cache = ShardCache(tmp_path / "cache", 1 << 30)
+    with model_directory(grant.task.training, stored, cache, unseal) as opened:
+        files = sorted(p.name for p in model_dir.iterdir())
+        assert sorted(p.name for p in opened.iterdir()) == files
+        for name in files:  # the task's own plaintext copy, not a link into the node's cache
+            assert not (opened / name).is_symlink()
+            assert (opened / name).read_bytes() == (model_dir / name).read_bytes(), name
+    with model_directory(grant.task.training, stored, None, unseal) as opened:  # no cache: in memory
+        assert (opened / "config.json").read_bytes() == (model_dir / "config.json").read_bytes()
+    task.close()
+
+    at_rest = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+    cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    for path in at_rest + cached:
+        assert canary.encode() not in path.read_bytes(), path
+    blobs = {p.name for p in cached if len(p.name) == 64}  # every part and the manifest, by ciphertext hash
+    assert len(blobs) > 3 and uploaded.manifest in blobs and blobs <= {p.name for p in at_rest}
+    assert canary not in lab.job(job.id).model_dump_json()  # nor the spec the coordinator keeps
+
+    assert same_model(model_dir, uploaded, key)  # `job fetch --format hf`: the base checked by the key
+    assert not same_model(model_dir, uploaded, new_data_key()) and not same_model(model_dir, uploaded)
+    (model_dir / "tokenizer_config.json").write_text("{}")
+    assert not same_model(model_dir, uploaded, key)

@@ -1,10 +1,13 @@
-"""``privacy.encrypt`` on a real local network: the consumer's CLI encrypts the corpus before upload, the
-job waits (saying why) while no one serves its key, trains once ``gpuflex job keys`` seals the key to its
-leased nodes, and ``gpuflex job fetch`` brings home a model that loads; the coordinator's database, data
-directory and blob store never hold the corpus's canary, and a node gets no key for a lease that ended."""
+"""``privacy.encrypt`` on a real local network: the consumer's CLI encrypts the corpus and the model
+directory it fine-tunes before upload, the job waits (saying why) while no one serves its key, trains
+once ``gpuflex job keys`` seals the key to its leased nodes, and ``gpuflex job fetch --format hf`` brings
+home a model that loads; the coordinator's database, data directory and blob store, and the nodes'
+caches, never hold the corpus's or the model directory's canary, and a node gets no key for a lease that
+ended."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from gpuflex.auth.signing import NodeKey
 from gpuflex.client import Client, NodeClient
 from gpuflex.errors import Conflict
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
-from gpuflex.testing import small_job, wait_for, write_corpus
+from gpuflex.testing import save_llama, small_job, wait_for, write_corpus
 
 from .test_network import FAST_LIVENESS
 
@@ -40,7 +43,12 @@ def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only
     canary = f"CANARY-{secrets.token_hex(8)}"
     write_corpus(tmp_path / "data")
     (tmp_path / "data" / "part0.txt").write_text((canary + " alpha beta.\n") * 50, encoding="utf-8")
-    spec = small_job(tmp_path / "data", workers=1, rounds=2, name="secret")
+    model_dir = save_llama(tmp_path / "model", ["alpha beta gamma. " * 40], hidden=16, vocab_size=260)
+    for name in ("config.json", "tokenizer_config.json"):  # the model's canary: in config and tokenizer
+        path = model_dir / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), "note": canary}))
+    tuned = {"recipe": "hf-causal-lm", "model": {"from": str(model_dir), "block_size": 32}, "lora": {"r": 4}}
+    spec = small_job(tmp_path / "data", workers=1, rounds=2, name="secret", **tuned)
     job_file = tmp_path / "job.yaml"
     body = spec.model_dump(mode="json", exclude_defaults=True, by_alias=True)
     job_file.write_text(yaml.safe_dump({**body, "privacy": {"encrypt": True}}))
@@ -69,13 +77,13 @@ def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only
         assert job.state == "completed", [e.message for e in client.logs(job_id)][-10:]
         assert job.round == 2 and job.val_loss < job.initial_val_loss
 
-        fetched = _run(home, net, token, "job", "fetch", job_id, "-o", str(tmp_path / "model.safetensors"))
-        assert "final model" in fetched, fetched
-        from gpuflex.train.outer import load_model
-        from gpuflex.train.recipes import build_model
+        fetched = _run(
+            home, net, token, "job", "fetch", job_id, "--format", "hf", "-o", str(tmp_path / "tuned")
+        )
+        assert "final LoRA adapter" in fetched, fetched  # opened here, over the base checked by the job's key
+        from transformers import AutoModelForCausalLM
 
-        model = (tmp_path / "model.safetensors").read_bytes()
-        assert load_model(build_model(spec.training), model)["round"] == 2
+        assert AutoModelForCausalLM.from_pretrained(tmp_path / "tuned").config.note == canary
         assert canary.encode() not in client.checkpoint(job_id)
 
         # a node holding no live lease gets no key: every lease of the job has ended
@@ -90,6 +98,9 @@ def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only
         stored = [p for p in (net.root / "coordinator").rglob("*") if p.is_file()]  # database, blobs
         assert any(p.suffix == ".db" for p in stored) and any(p.parent.name != "coordinator" for p in stored)
         stored.append(net.root / "logs" / "coordinator.log")
+        cached = [p for p in (net.root / "agents").glob("*/cache/**/*") if p.is_file()]
+        assert len(cached) > 3  # the nodes cached the model's manifest and parts: as ciphertext
+        stored += cached
         for path in stored:
             assert canary.encode() not in path.read_bytes(), path
         assert canary.encode() in (tmp_path / "data" / "part0.txt").read_bytes()

@@ -162,14 +162,13 @@ def test_bad_federated_specs_are_refused_naming_the_problem(spec, says):
 
 
 @pytest.mark.parametrize(
-    ("extra", "named"),
+    "extra",
     [
-        ({"data": {"federated": "notes"}}, "data.federated"),
-        ({"training": {"recipe": "hf-causal-lm", "model": {"from": "./model"}}}, "training.model.from"),
+        {"data": {"source": "./text"}},
+        {"data": {"prepared": "./p"}},
+        {"data": {"federated": "notes"}},
+        {"training": {"recipe": "hf-causal-lm", "model": {"from": "./model"}}},
     ],
 )
-def test_encrypt_covers_uploaded_data_and_says_what_it_does_not_cover_yet(extra, named):
-    with pytest.raises(SpecError, match=rf"data\.prepared\) and recipe_file; not {named} yet"):
-        parse_job_spec({"name": "s", "privacy": {"encrypt": True}, **extra})
-    for data in ({"source": "./text"}, {"prepared": "./p"}):
-        assert parse_job_spec({"name": "s", "data": data, "privacy": {"encrypt": True}}).privacy.encrypt
+def test_encrypt_covers_uploaded_data_a_model_directory_and_federated_jobs(extra):
+    assert parse_job_spec({"name": "s", "privacy": {"encrypt": True}, **extra}).privacy.encrypt

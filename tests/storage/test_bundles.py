@@ -54,3 +54,19 @@ def test_a_model_directory_needs_a_config_and_safetensors_weights():
     assert model_problem(["config.json", "pytorch_model.bin"]) == (
         "has no weights (*.safetensors) (only safetensors weights travel; a .bin is a pickle)"
     )
+
+
+def test_a_bundle_stored_as_other_keys_fetches_by_them_and_checks_what_it_opens(directory, tmp_path):
+    """An encrypted job's bundle: each part fetched by its stored (ciphertext) key, opened by ``fetch``,
+    and checked against its plaintext hash; a plain bundle's bytes do not change."""
+    bundle, parts = bundle_directory(directory, part_bytes=4096)
+    assert b'"blob"' not in bundle.to_bytes()  # a plain manifest's hash is what it always was
+    stored = {hashlib.sha256(b"sealed" + p.read()).hexdigest(): p.read() for p in parts}
+    sealed = bundle.stored_as({hashlib.sha256(d).hexdigest(): k for k, d in stored.items()})
+    assert set(sealed.digests()) == set(stored) and Bundle.from_bytes(sealed.to_bytes()) == sealed
+    out = materialize(sealed, stored.__getitem__, tmp_path / "out")
+    assert (out / "model.safetensors").read_bytes() == (directory / "model.safetensors").read_bytes()
+    key = sealed.file("config.json").parts[0].key
+    stored[key] = b"{}"  # opened to other bytes than the manifest's plaintext hash: refused
+    with pytest.raises(BadRequest, match=r"config\.json arrived corrupted"):
+        materialize(sealed, stored.__getitem__, tmp_path / "again")

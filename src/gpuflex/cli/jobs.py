@@ -23,6 +23,7 @@ from gpuflex.cli.report import cost_table, write_report
 from gpuflex.cli.watch import EXIT_CODES, TERMINAL, watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
+from gpuflex.privacy.envelope import BLOB_OVERHEAD
 from gpuflex.protocol.messages import DPStatus, JobEvent, JobInfo, Quote, Verdict
 from gpuflex.protocol.spec import JobSpec, load_job_spec
 
@@ -63,33 +64,50 @@ def upload_inputs(
     return {"dataset": dataset, "recipe_code": recipe_code}
 
 
-def upload_model(client: Client, spec: JobSpec) -> JobSpec:
+def upload_model(client: Client, spec: JobSpec, key: data_keys.JobKey | None = None) -> JobSpec:
     """With ``training.model.from``: check and size the model directory here (``train.pretrained``), upload
     what the blob store lacks of it (files cut into parts at the store's blob limit, one part in memory at
     a time), and return the spec naming it (``model.size``, ``model.uploaded``; ``from`` made absolute, for
-    ``job fetch --format hf``). Without it, ``spec`` as it is."""
+    ``job fetch --format hf``). Without it, ``spec`` as it is.
+
+    With ``key`` (``privacy.encrypt``) every part and the manifest go up encrypted under it, all of them
+    (fresh ciphertexts are in no store yet): the coordinator then holds the consumer's word for the size
+    (counted here, as always) and the manifest's ciphertext, never a file's bytes or name (the
+    directory's own path stays in the spec: `job fetch --format hf` looks for the base there)."""
     if spec.training.model.from_ is None:
         return spec
+    from gpuflex.protocol.spec import UploadedModel
     from gpuflex.train.pretrained import bundle_model, with_model
 
     root = Path(spec.training.model.from_).expanduser().resolve()
     training = with_model(spec.training, from_=str(root))
-    training, bundle, parts = bundle_model(root, training, client.missing_blobs([]).max_blob_bytes)
-    manifest = bundle.to_bytes()
-    keys = [p.sha256 for p in parts]
-    missing = set(client.missing_blobs(keys).keys)
-    sent = 0
-    for part in parts:
-        if part.sha256 in missing:
-            client.upload(part.read())
-            sent += part.size
-    client.upload(manifest)
+    limit = client.missing_blobs([]).max_blob_bytes
+    part_bytes = limit if key is None else limit - BLOB_OVERHEAD  # a sealed part still fits the limit
+    training, bundle, parts = bundle_model(root, training, part_bytes)
+    if key is None:
+        missing = set(client.missing_blobs([p.sha256 for p in parts]).keys)
+        sent = 0
+        for part in parts:
+            if part.sha256 in missing:
+                client.upload(part.read())
+                sent += part.size
+        client.upload(bundle.to_bytes())
+        stored = (
+            f"uploaded {len(missing)} of {len(parts)} blobs ({sent / 1e6:.1f} MB), the rest already stored"
+        )
+    else:
+        sealed = {part.sha256: client.upload(key.seal(part.read())) for part in parts}
+        manifest = client.upload(key.seal(bundle.stored_as(sealed).to_bytes()))
+        plain_digest = key.digest(bundle.to_bytes())
+        uploaded = UploadedModel(manifest=manifest, part_bytes=part_bytes, plain_digest=plain_digest)
+        training = with_model(training, uploaded=uploaded)
+        megabytes = sum(p.size for p in parts) / 1e6
+        stored = f"encrypted here and uploaded as {len(parts)} blobs ({megabytes:.1f} MB)"
     size = training.model.size
     assert size is not None, "bundle_model sizes the model"
     console.print(
         f"model {root}: {size.parameters:,} parameters ({size.trainable:,} trained), "
-        f"{len(bundle.files)} files; uploaded {len(missing)} of {len(parts)} blobs ({sent / 1e6:.1f} MB), "
-        "the rest already stored",
+        f"{len(bundle.files)} files; {stored}",
         highlight=False,
     )
     return spec.model_copy(update={"training": training})
@@ -107,19 +125,19 @@ def submit(
     resources.min_workers workers (default: all) can be placed together; until then it waits, and
     this says why.
 
-    With privacy.encrypt, the dataset and recipe file are encrypted here first, under a data key made
-    here and sealed to this machine's key (~/.gpuflex/sealing.key); the job's nodes get that key only
-    while something here serves it: --watch does, or `gpuflex job keys JOB`.
+    With privacy.encrypt, the dataset, recipe file and model directory are encrypted here first, under a
+    data key made here and sealed to this machine's key (~/.gpuflex/sealing.key); the job's nodes get
+    that key only while something here serves it: --watch does, or `gpuflex job keys JOB`.
 
     With --watch, exit code: 0 completed, 3 failed, 4 cancelled, 130 stopped watching (Ctrl-C; the job
     goes on)."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
-    spec = upload_model(client, spec)
-    seal, sealed_key = data_keys.new_job_key() if spec.privacy.encrypt else (None, None)
-    inputs = upload_inputs(client, spec, seal)
+    key = data_keys.new_job_key() if spec.privacy.encrypt else None
+    spec = upload_model(client, spec, key)
+    inputs = upload_inputs(client, spec, key.seal if key is not None else None)
     unplaced = _unplaced(client, spec)  # before submitting: what the job's first placement will find
-    job = client.submit(spec, **inputs, sealed_key=sealed_key)
+    job = client.submit(spec, **inputs, sealed_key=key.sealed if key is not None else None)
     console.print(
         f"submitted job [bold]{job.id}[/] ({job.name}); budget {credits(job.budget)} credits in escrow"
     )
@@ -375,8 +393,9 @@ def fetch(
     data = client.checkpoint(job_id)
     job = client.job(job_id)  # read after the download: its rounds include the one the checkpoint is of
     digest = hashlib.sha256(data).hexdigest()
-    if job.spec.privacy.encrypt:
-        data = data_keys.open_checkpoint(client, job.id, data)
+    key = data_keys.job_data_key(client, job.id) if job.spec.privacy.encrypt else None
+    if key is not None:
+        data = data_keys.open_checkpoint(key, data)
     of_round = next((r.round for r in job.rounds_log if r.checkpoint == digest), job.round)
     if fmt == "safetensors":
         output = output or Path(f"{job.id}.safetensors")
@@ -384,7 +403,7 @@ def fetch(
         what, final = "checkpoint", "model"
     else:
         output = output or Path(job.id)
-        what = final = _export_hf(job, data, output, base, merge)
+        what = final = _export_hf(job, data, output, base, merge, key)
     if job.state == "completed" and digest == job.checkpoint:
         console.print(
             f"final {final} of job {job.id} (round {of_round}) written to {output}", highlight=False
@@ -401,9 +420,12 @@ def fetch(
     )
 
 
-def _export_hf(job: JobInfo, checkpoint: bytes, output: Path, base: Path | None, merge: bool) -> str:
+def _export_hf(
+    job: JobInfo, checkpoint: bytes, output: Path, base: Path | None, merge: bool, key: bytes | None
+) -> str:
     """Write ``checkpoint`` as a directory transformers loads, over the job's model directory (found
-    where it was submitted from, or ``base``); returns what it wrote."""
+    where it was submitted from, or ``base``; an encrypted job's checked with its data key ``key``);
+    returns what it wrote."""
     from gpuflex.train.export import export_hf
     from gpuflex.train.pretrained import same_model
 
@@ -413,7 +435,7 @@ def _export_hf(job: JobInfo, checkpoint: bytes, output: Path, base: Path | None,
             f"job {job.id} did not fine-tune a model directory: fetch its safetensors checkpoint"
         )
     root = base or Path(training.model.from_)
-    if not root.is_dir() or not same_model(root, training.model.uploaded):
+    if not root.is_dir() or not same_model(root, training.model.uploaded, key):
         raise BadRequest(
             f"{root} is not the model directory job {job.id} was submitted with (its files differ, or it is "
             "not on this machine): pass it with --base"

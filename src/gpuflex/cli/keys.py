@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +30,7 @@ from gpuflex.privacy.envelope import (
     JOB_BLOB,
     decrypt_blob,
     encrypt_blob,
+    keyed_digest,
     new_data_key,
     public_bytes,
     seal_for_consumer,
@@ -56,12 +58,27 @@ def consumer_key() -> X25519PrivateKey:
     return sealing.load(path)
 
 
-def new_job_key() -> tuple[Callable[[bytes], bytes], str]:
-    """A new job's data key: what encrypts its blobs under it, and the key sealed to this machine's key,
-    made on the first encrypted submit (what the job is submitted with)."""
+@dataclass(frozen=True)
+class JobKey:
+    """A new job's data key on the consumer's machine, and that key sealed to this machine's key (what the
+    job is submitted with)."""
+
+    key: bytes
+    sealed: str
+
+    def seal(self, data: bytes) -> bytes:
+        """``data`` encrypted under the job's key, to upload."""
+        return encrypt_blob(self.key, data, JOB_BLOB)
+
+    def digest(self, data: bytes) -> str:
+        """``data``'s hash keyed by the job's key: what only this key's holders can check it against."""
+        return keyed_digest(self.key, data)
+
+
+def new_job_key() -> JobKey:
+    """A new job's data key, sealed to this machine's key (made on the first encrypted submit)."""
     key = new_data_key()
-    sealed = seal_for_consumer(key, public_bytes(sealing.load_or_create(key_path()))).hex()
-    return (lambda data: encrypt_blob(key, data, JOB_BLOB)), sealed
+    return JobKey(key, seal_for_consumer(key, public_bytes(sealing.load_or_create(key_path()))).hex())
 
 
 def data_key(keys: m.JobKeys, key: X25519PrivateKey) -> bytes:
@@ -75,9 +92,13 @@ def data_key(keys: m.JobKeys, key: X25519PrivateKey) -> bytes:
         ) from None
 
 
-def open_checkpoint(client: Client, job_id: str, checkpoint: bytes) -> bytes:
-    """An encrypted job's checkpoint, opened on this machine."""
-    key = data_key(client.job_keys(job_id), consumer_key())
+def job_data_key(client: Client, job_id: str) -> bytes:
+    """An encrypted job's data key, opened on this machine."""
+    return data_key(client.job_keys(job_id), consumer_key())
+
+
+def open_checkpoint(key: bytes, checkpoint: bytes) -> bytes:
+    """An encrypted job's checkpoint, opened with its data key (``job_data_key``)."""
     return decrypt_blob(key, checkpoint, JOB_BLOB)
 
 

@@ -15,6 +15,7 @@ public key), so a wrong key is told apart from tampering in the error, at no cos
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 
 from cryptography.exceptions import InvalidTag
@@ -30,6 +31,7 @@ KEY_BYTES = 32
 NONCE_BYTES = 12
 FINGERPRINT_BYTES = 8
 _HEADER = 1 + FINGERPRINT_BYTES
+BLOB_OVERHEAD = _HEADER + NONCE_BYTES + 16  # what ``encrypt_blob`` adds to a plaintext: header, nonce, tag
 _SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_256_GCM)
 # the purpose of every blob of an encrypted job (dataset, recipe, updates, checkpoints): the data key is
 # that job's alone, and a blob is fetched by the hash of its ciphertext, so no finer slot is needed
@@ -68,6 +70,12 @@ def decrypt_blob(data_key: bytes, blob: bytes, purpose: str) -> bytes:
         return AESGCM(data_key).decrypt(nonce, ciphertext, blob[:_HEADER] + purpose.encode())
     except InvalidTag:
         raise BadRequest(f"encrypted blob fails its check: tampered, or not the {purpose!r} blob") from None
+
+
+def keyed_digest(data_key: bytes, data: bytes) -> str:
+    """HMAC-SHA256 of ``data`` under the job's data key: a check of plaintext that only the key's holders
+    can test a guess against (an encrypted model directory's manifest, which the consumer compares)."""
+    return hmac.new(data_key, b"gpuflex/envelope/digest" + data, hashlib.sha256).hexdigest()
 
 
 def public_bytes(key: X25519PrivateKey | X25519PublicKey) -> bytes:

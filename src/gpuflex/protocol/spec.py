@@ -11,7 +11,8 @@ Every model is strict (``extra="forbid"``) so a typo is an error that names the 
     data: {source: stdlib}   # or {prepared: ./prepared}: a directory `gpuflex data prepare` wrote
                              # or {federated: notes}: private datasets their owners' nodes offer by name
     privacy: {dp: {clip: 1.0, noise_multiplier: 1.1, delta: 1.0e-5, target_epsilon: 8}}  # federated only
-    privacy: {encrypt: true}   # uploaded data: encrypted on the consumer's machine, the key sealed to nodes
+    privacy: {encrypt: true}   # data, recipe, model directory, every blob: encrypted on the consumer's
+                               # machine, the key sealed to leased nodes
     max_price_per_hour: 0.50
     budget: 2.00
     pricing: fixed          # or auction: a sealed-bid reverse auction for the workers (market/pricing.py)
@@ -88,11 +89,17 @@ class Resources(_Strict):
 
 class UploadedModel(_Strict):
     """A model directory in the blob store, as ``gpuflex submit`` uploaded it from ``model.from``: the
-    manifest's hash (``storage.bundles``) and the part size its files were cut at."""
+    manifest's hash (``storage.bundles``; an encrypted job's: its ciphertext's) and the part size its
+    files were cut at."""
 
     manifest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     part_bytes: Annotated[int, Field(ge=1, le=1 << 40)] = Field(
         description="bundling the directory again at this part size gives the same manifest"
+    )
+    plain_digest: Annotated[str | None, Field(pattern=r"^[0-9a-f]{64}$")] = Field(
+        None,
+        description="privacy.encrypt: the plaintext manifest's HMAC under the job's data key (``manifest`` "
+        "names its ciphertext), what `job fetch --format hf` checks a base directory against",
     )
 
 
@@ -370,7 +377,8 @@ class PrivacySpec(_Strict):
     dp: DPSpec | None = None
     encrypt: bool = Field(
         False,
-        description="the dataset, the recipe file and every blob of the job (updates, checkpoints) encrypted "
+        description="the dataset, the recipe file, the model directory (model.from) and every blob of the "
+        "job (updates, checkpoints) encrypted "
         "(AES-GCM, a per-job data key made on the consumer's machine); the key sealed only to nodes "
         "holding a live lease on the job, by the consumer's CLI (`submit --watch`, `job keys`)",
     )
@@ -441,16 +449,6 @@ class JobSpec(_Strict):
                 "privacy.dp protects owners' data in a federated job: it needs data.federated (a job on "
                 "uploaded data has no owner to protect from the consumer who uploaded it)"
             )
-        if self.privacy.encrypt:
-            left = {
-                "data.federated": self.data.federated is not None,
-                "training.model.from": self.training.model.from_ is not None,
-            }
-            if given := [name for name, used in left.items() if used]:
-                raise ValueError(
-                    f"privacy.encrypt covers uploaded data (data.source, data.prepared) and recipe_file; "
-                    f"not {given[0]} yet"
-                )
         if self.privacy.secure_aggregation and self.data.federated is None:
             raise ValueError(
                 "privacy.secure_aggregation masks owners' updates in a federated job: it needs data.federated"

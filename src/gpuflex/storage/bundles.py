@@ -9,6 +9,10 @@ hash is what a job names)::
     for part in parts: upload(part.read())        # one part in memory at a time, never a whole file
     materialize(bundle, fetch, Path("work/model"))  # on a provider: parts joined, every hash checked
 
+An encrypted job's bundle (``privacy.encrypt``) has each part, and the manifest itself, sealed under the
+job's data key: a part names the ciphertext it is stored as (``PartEntry.blob``) beside its plaintext's
+hash, and the manifest's hash is its ciphertext's.
+
 Only the files directly in the directory travel (``save_pretrained`` writes no subdirectories); hidden
 files are left out. Names are plain file names, checked again on the way in, so a hostile manifest
 cannot write outside the directory it is materialized in.
@@ -46,6 +50,13 @@ class _Strict(BaseModel):
 class PartEntry(_Strict):
     sha256: Hex
     size: Annotated[int, Field(ge=0)]
+    # the key the part is stored under when that is not its own hash: an encrypted job's (``privacy.encrypt``)
+    # is its ciphertext's; ``sha256`` and ``size`` stay the plaintext's, what the opened part is checked by
+    blob: Hex | None = None
+
+    @property
+    def key(self) -> str:
+        return self.blob or self.sha256
 
 
 class FileEntry(_Strict):
@@ -60,7 +71,7 @@ class Bundle(_Strict):
     files: Annotated[list[FileEntry], Field(max_length=MAX_FILES)]
 
     def to_bytes(self) -> bytes:
-        return self.model_dump_json().encode()
+        return self.model_dump_json(exclude_none=True).encode()
 
     @staticmethod
     def from_bytes(data: bytes) -> Bundle:
@@ -80,7 +91,15 @@ class Bundle(_Strict):
 
     def digests(self) -> list[str]:
         """Every part's key, each once, in file order."""
-        return list(dict.fromkeys(p.sha256 for f in self.files for p in f.parts))
+        return list(dict.fromkeys(p.key for f in self.files for p in f.parts))
+
+    def stored_as(self, keys: dict[str, str]) -> Bundle:
+        """This bundle with each part stored under ``keys[its sha256]`` (an encrypted job's ciphertexts)."""
+        files = [
+            f.model_copy(update={"parts": [p.model_copy(update={"blob": keys[p.sha256]}) for p in f.parts]})
+            for f in self.files
+        ]
+        return self.model_copy(update={"files": files})
 
 
 @dataclass(frozen=True)
@@ -171,9 +190,9 @@ def write_file(entry: FileEntry, fetch: Callable[[str], bytes], target: Path) ->
 
 def file_parts(entry: FileEntry, fetch: Callable[[str], bytes]) -> Iterator[bytes]:
     """A file's parts in order, each fetched by its key when asked for and checked (one in memory at a
-    time); the caller checks the whole file's hash."""
+    time; an encrypted job's ``fetch`` opens it first); the caller checks the whole file's hash."""
     for part in entry.parts:
-        data = fetch(validate_digest(part.sha256))
+        data = fetch(validate_digest(part.key))
         if len(data) != part.size or hashlib.sha256(data).hexdigest() != part.sha256:
             raise HashMismatch(f"a part of {entry.name} arrived corrupted (its sha256 does not match)")
         yield data

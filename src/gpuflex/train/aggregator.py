@@ -63,7 +63,7 @@ from gpuflex.train.robust import flatten, robust_mean, unflatten
 from gpuflex.train.secure import SecureAggregator
 from gpuflex.train.sync import sync
 from gpuflex.train.trainable import trainable
-from gpuflex.train.transport import Transport, fetch_verified
+from gpuflex.train.transport import Transport, as_stored, fetch_verified
 from gpuflex.train.verifier import Judged, Verifier
 
 Delta = dict[str, Tensor]
@@ -182,7 +182,8 @@ def run_aggregator(
         return fetch_verified(transport, digest)
 
     reader = reader or FetchedShards(transport.get_blob)
-    with model_directory(config.training, transport.get_blob, reader.cache) as model_dir:
+    stored, unseal = as_stored(transport)
+    with model_directory(config.training, stored, reader.cache, unseal) as model_dir:
         recipe, data = for_task(config, fetch, reader, model_dir)
         verifier = None
         if config.training.verification.robust:

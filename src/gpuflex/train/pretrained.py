@@ -22,6 +22,7 @@ import torch
 from gpuflex.data.cache import ShardCache
 from gpuflex.data.fetch import cached
 from gpuflex.errors import BadRequest, Conflict
+from gpuflex.privacy.envelope import keyed_digest
 from gpuflex.protocol.spec import ModelSize, TrainingSpec, UploadedModel
 from gpuflex.storage.bundles import (
     Bundle,
@@ -106,42 +107,62 @@ def with_model(training: TrainingSpec, **fields: object) -> TrainingSpec:
     return training.model_copy(update={"model": training.model.model_copy(update=fields)})
 
 
-def same_model(root: Path, uploaded: UploadedModel) -> bool:
-    """Whether ``root`` holds exactly the files a job's model was uploaded from (a base to export over)."""
-    bundle, _ = bundle_directory(root, uploaded.part_bytes)
-    return sha256(bundle.to_bytes()) == uploaded.manifest
+def same_model(root: Path, uploaded: UploadedModel, data_key: bytes | None = None) -> bool:
+    """Whether ``root`` holds exactly the files a job's model was uploaded from (a base to export over);
+    an encrypted job's (its manifest stored as ciphertext) checked with its ``data_key``."""
+    plain = bundle_directory(root, uploaded.part_bytes)[0].to_bytes()
+    if uploaded.plain_digest is None:
+        return sha256(plain) == uploaded.manifest
+    return data_key is not None and keyed_digest(data_key, plain) == uploaded.plain_digest
 
 
 @contextmanager
 def model_directory(
-    training: TrainingSpec, fetch: Callable[[str], bytes], cache: ShardCache | None = None
+    training: TrainingSpec,
+    fetch: Callable[[str], bytes],
+    cache: ShardCache | None = None,
+    unseal: Callable[[bytes], bytes] | None = None,
 ) -> Iterator[Path | None]:
     """The job's model directory in a temporary directory of the task's for as long as the task runs (None
-    for a job without one). ``fetch`` gets a blob by hash.
+    for a job without one). ``fetch`` gets a blob by hash as the store holds it; ``unseal`` opens an
+    encrypted job's (``privacy.encrypt``).
 
     With the node's ``cache`` the manifest and every file are blobs there, keyed by the file's sha256 and
     pinned while the task runs, and the directory holds symlinks to them: a node fetches a base model once
     for all its jobs, and nothing is copied. A file larger than the cache, or one the cache has no room
     for beside the running jobs' pinned blobs, is written into the directory instead, as it is with no
-    cache (``gpuflex train local``: the local hub's blobs)."""
+    cache (``gpuflex train local``: the local hub's blobs). An encrypted job's manifest and parts are
+    cached as the ciphertext they are stored as, by its hash, and opened into the task's directory only."""
     uploaded = training.model.uploaded
     if uploaded is None:
         yield None
         return
+    opened = fetch if unseal is None else (lambda digest: unseal(fetch(digest)))
     with ExitStack() as pins, tempfile.TemporaryDirectory(prefix="gpuflex-model-") as tmp:
         dest = Path(tmp)
         if cache is None:
-            yield materialize(_bundle(fetch(uploaded.manifest)), fetch, dest)
+            yield materialize(_bundle(opened(uploaded.manifest)), opened, dest)
             return
 
         def through_cache(digest: str, what: str, chunks: Callable[[], Iterable[bytes]]) -> Path:
             pins.enter_context(cache.pin(digest))
             return cached(cache, digest, what, chunks)
 
-        manifest = uploaded.manifest
-        bundle = _bundle(
-            through_cache(manifest, "the model's manifest", lambda: [fetch(manifest)]).read_bytes()
-        )
+        def stored(digest: str, what: str) -> bytes:
+            """A blob as stored, through the cache when it has room for it (an encrypted job's parts)."""
+            try:
+                return through_cache(digest, what, lambda: [fetch(digest)]).read_bytes()
+            except Conflict:  # the running jobs' pinned blobs leave no room for it
+                return fetch(digest)
+
+        data = stored(uploaded.manifest, "the model's manifest")
+        bundle = _bundle(data if unseal is None else unseal(data))
+        if unseal is not None:
+            for entry in bundle.files:
+                what = f"a part of model file {entry.name}"
+                write_file(entry, lambda key, w=what: unseal(stored(key, w)), dest / entry.name)
+            yield dest
+            return
         for entry in bundle.files:
             target = dest / entry.name  # a plain file name: the manifest's schema says so
             if entry.size <= cache.limit_bytes:

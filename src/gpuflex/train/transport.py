@@ -155,7 +155,11 @@ class SealedTransport:
         self._inner, self._key = inner, data_key
 
     def get_blob(self, digest: str) -> bytes:
-        return self.unseal(self._inner.get_blob(digest))
+        return self.unseal(self.get_stored(digest))
+
+    def get_stored(self, digest: str) -> bytes:
+        """A blob of the job as the store holds it: ciphertext, what a node caches."""
+        return self._inner.get_blob(digest)
 
     def unseal(self, blob: bytes) -> bytes:
         """A blob of the job opened (a prepared dataset's shards are fetched through the shard cache)."""
@@ -166,6 +170,14 @@ class SealedTransport:
 
     def __getattr__(self, name: str):  # every other call goes through as it is
         return getattr(self._inner, name)
+
+
+def as_stored(transport: Transport) -> tuple[Callable[[str], bytes], Callable[[bytes], bytes] | None]:
+    """How a task fetches the job's blobs as the store holds them (what its node caches), and what opens
+    them: an encrypted job's ``SealedTransport``'s key; None for plaintext."""
+    if isinstance(transport, SealedTransport):
+        return transport.get_stored, transport.unseal
+    return transport.get_blob, None
 
 
 def fetch_verified(transport: Transport, digest: str) -> bytes:

@@ -60,7 +60,7 @@ from gpuflex.train.schedule import set_lr
 from gpuflex.train.secure import SecureWorker
 from gpuflex.train.sync import sync
 from gpuflex.train.trainable import trainable
-from gpuflex.train.transport import Transport, fetch_verified, wait_for_round
+from gpuflex.train.transport import Transport, as_stored, fetch_verified, wait_for_round
 
 if TYPE_CHECKING:
     from gpuflex.train.adversaries import Adversary
@@ -330,7 +330,8 @@ def run_worker(
         return blobs[digest]
 
     reader = reader or FetchedShards(transport.get_blob)
-    with model_directory(config.training, transport.get_blob, reader.cache) as model_dir:
+    stored, unseal = as_stored(transport)
+    with model_directory(config.training, stored, reader.cache, unseal) as model_dir:
         recipe, data = for_task(config, fetch, reader, model_dir)
         return _work(
             config, transport, recipe, data, blobs, fetch, reader, poll_interval_s, should_stop, after_step

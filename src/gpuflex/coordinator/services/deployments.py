@@ -75,6 +75,11 @@ def _pin_job(session: Session, account: Account, model: DeployedModel) -> Deploy
             f"model.job: job {job.id} trained a model from scratch; only a job that tuned a model directory "
             "(training.model.from) has one to serve (its checkpoint over that directory)"
         )
+    if specs.of(job).privacy.encrypt:
+        raise BadRequest(
+            f"model.job: job {job.id} is encrypted (privacy.encrypt): its checkpoint and model directory "
+            "open only with its data key, which no replica is sealed; fetch it with `gpuflex job fetch`"
+        )
     if job.checkpoint is None:
         raise Conflict(f"model.job: job {job.id} has no checkpoint yet ({job.state})")
     size = training.model.size

@@ -48,7 +48,8 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         raise BadRequest("recipe 'user' needs its recipe code uploaded, and only it takes recipe code")
     if msg.spec.training.model.from_ is not None:
         model = msg.spec.training.model
-        check_uploaded_model(model.uploaded, model.size, blobs, "training.model.from")
+        sealed = msg.spec.privacy.encrypt
+        check_uploaded_model(model.uploaded, model.size, blobs, "training.model.from", readable=not sealed)
     spec, owners = msg.spec, None
     privacy = dp.submitted(spec)  # a DP setting the accountant refuses is refused before money moves
     sealed_key = keys.submitted(msg)
@@ -127,15 +128,23 @@ def check_dataset(msg: m.JobSubmit, blobs: BlobStore) -> None:
 
 
 def check_uploaded_model(
-    uploaded: UploadedModel | None, size: ModelSize | None, blobs: BlobStore, field: str
+    uploaded: UploadedModel | None,
+    size: ModelSize | None,
+    blobs: BlobStore,
+    field: str,
+    readable: bool = True,
 ) -> None:
     """A job's ``training.model.from`` or a deployment's ``model.from`` (``field``) names an uploaded model
     directory whose every blob the store holds, with a config.json and safetensors weights (the CLI
-    uploads it); whether transformers builds it is checked by the CLI, which has transformers."""
+    uploads it); whether transformers builds it is checked by the CLI, which has transformers. An
+    encrypted job's manifest is ciphertext here (not ``readable``): the consumer's CLI checked the
+    directory before encrypting it, and a part missing fails the job's first task, not the submit."""
     if uploaded is None or size is None:
         raise BadRequest(f"{field}: the model directory is not uploaded (the CLI uploads it)")
     if not blobs.exists(uploaded.manifest):
         raise BadRequest(f"model manifest blob {uploaded.manifest} is not in the blob store: upload it first")
+    if not readable:
+        return
     bundle = Bundle.from_bytes(blobs.get(uploaded.manifest))
     if problem := model_problem([f.name for f in bundle.files]):
         raise BadRequest(f"{field}: the model directory {problem}")

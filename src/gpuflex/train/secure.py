@@ -19,10 +19,12 @@ the plain mode's noise on the average (``dp.mean_noise_std``) and ``t`` the atte
 survivors' shares: with DP that is DP-FedAvg's fixed-denominator average, already noised; without, it
 scales it by ``W / Σ_survivors w_i``, the FedAvg of those that came.
 
-The ring. Under a quantized ``training.compression`` (``SHARED_LEVELS``: int8, int4, int2) the owners
-quantize on a ``fixedpoint.SharedGrid`` and mask in a ring just wide enough for the sum of their codes (9
-bits under int8 for up to 128 owners), bit-packed: an upload costs about what the plain job's int8
-update does. The grid's per-tensor ranges are public facts the aggregator posts with each roster:
+The ring. Under a quantized ``training.compression`` (``GRID_CODECS``: int8, int4, int2) the owners
+quantize on a ``fixedpoint.SharedGrid`` whose sum spans ``GRID_LEVELS`` (127, int8's) each way and mask
+in a ring just wide enough for the sum of their codes (9 bits for up to 128 owners), bit-packed: an
+upload costs about what the plain job's int8 update does. (A grid of int4's 7 levels, or 31, sends
+fewer bits but trained worse in ``bench/federated_secagg.py``'s job: int4 and int2 keep int8's grid.)
+The grid's per-tensor ranges are public facts the aggregator posts with each roster:
 ``HEADROOM`` times the largest value of each tensor of the last average it unmasked (round 0: ``lr ·
 inner_steps``, about the most an Adam-type inner optimizer moves a weight; under DP at most the clip;
 they shrink by up to ``SHRINK`` a round where that was too wide).
@@ -79,7 +81,8 @@ from gpuflex.train.transport import LocalTransport, Transport
 Delta = dict[str, torch.Tensor]
 NO_DP_RANGE = 1.0  # without DP, each value of an owner's weighted delta is clipped to ±this (no L2 bound)
 NOISE_RANGE = 8.0  # with DP, the range also holds this many standard deviations of the noise on a value
-SHARED_LEVELS = {"int8": 127, "int4": 7, "int2": 1}  # a quantized codec's levels each way of zero
+GRID_CODECS = frozenset({"int8", "int4", "int2"})  # the compressions whose owners mask on a shared grid
+GRID_LEVELS = 127  # its levels each way of zero for the sum: an int8 code's (fewer cost int4 its loss)
 HEADROOM = 2.0  # a tensor's range: this many times the largest value of its last average
 SHRINK = 16.0  # but at least its last range over this (an average the grid rounded to zero shrinks it)
 _MAGIC = b"GFSA"
@@ -99,10 +102,9 @@ def value_range(weights: dict[str, int], dp: DPTask | None) -> float:
 def shared_levels(compression: CompressionSpec, owners: int) -> int | None:
     """The levels of the job's shared grid, or None: the wide ring (a dense codec, or too many owners
     for a packed ring)."""
-    levels = SHARED_LEVELS.get(compression.method)
-    if levels is None or SharedGrid.bits_for(levels, owners) > MAX_BITS:
+    if compression.method not in GRID_CODECS or SharedGrid.bits_for(GRID_LEVELS, owners) > MAX_BITS:
         return None
-    return levels
+    return GRID_LEVELS
 
 
 def ring_bits(levels: int | None, owners: int) -> int:

@@ -74,11 +74,12 @@ def test_an_owner_whose_shares_never_came_is_left_out_of_a_fresh_attempt():
     assert any("restarts (attempt 1) without t-c" in m for m in log), log
 
 
-def test_under_dp_the_owners_noise_shares_add_up_to_the_plain_modes_noise():
+@pytest.mark.parametrize("compression", ["none", "int8"])  # the wide ring, the shared grid's
+def test_under_dp_the_owners_noise_shares_add_up_to_the_plain_modes_noise(compression):
     dp = DPTask(clip=1.0, noise_multiplier=0.5, rounds=1)
     weights = {"t-a": 1, "t-b": 1, "t-c": 1}
     values = dict.fromkeys(weights, 0.0)
-    mean, _ = play(weights, values, dp=dp)
+    mean, _ = play(weights, values, dp=dp, compression=compression)
     noise = _flat(mean)
     # each of 3 owners adds N(0, σ²/t), t = 2; σ = z·C·max w/Σw = 0.5/3: the sum's std is σ·sqrt(3/2)
     sigma = 0.5 / 3

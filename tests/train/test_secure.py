@@ -22,6 +22,7 @@ from gpuflex.train.secure import (
     Session,
     agreed_grid,
     next_ranges,
+    pack_masked,
     rehearse,
     ring_bits,
     unpack_masked,
@@ -193,3 +194,14 @@ def test_the_grid_follows_the_average_up_and_down_within_bounds():
         1.0 / 16,
         1.0 / 16,
     )
+
+
+@pytest.mark.parametrize("bits", [9, 10, 32])
+def test_masked_words_pack_to_their_bits_and_back(bits):
+    words = np.random.default_rng(bits).integers(0, 2**bits, 1001, dtype=np.uint64).astype(np.uint32)
+    blob = pack_masked(3, words, bits)
+    assert len(blob) == 6 + (4 * 1001 if bits == 32 else packed_size(1001, bits))
+    attempt, back = unpack_masked(blob, 1001, bits)
+    assert attempt == 3 and np.array_equal(back, words)
+    with pytest.raises(BadRequest, match="not a masked vector of 1000 values"):
+        unpack_masked(blob, 1000, bits)

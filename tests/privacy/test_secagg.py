@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from gpuflex.errors import BadRequest, Conflict, Forbidden, SpecError
+from gpuflex.privacy.fixedpoint import SharedGrid
 from gpuflex.privacy.secagg import Client, SecAggConfig, aggregate, unmask
 
 from .helpers import Round, play, request, setup
@@ -206,3 +207,26 @@ def test_a_sealed_bundle_opens_only_for_its_holder_and_round() -> None:
     later = Client(SecAggConfig("job-1", 8, 3, 2, 1.0), 1, transport_key=clients[1].transport_key)
     with pytest.raises(BadRequest, match="tampered"):
         later.hold_sealed(0, sealed[1])
+
+
+def test_a_narrow_ring_unmasks_the_exact_sum_of_shared_grid_codes_and_looks_uniform() -> None:
+    owners = {str(i): 0.25 for i in range(4)}
+    bits = SharedGrid.bits_for(127, 4)
+    cfg = SecAggConfig("job-1", 7, 4, 3, 1.0, bits)
+    r = setup(cfg, fixed_clients(cfg))
+    grids = [SharedGrid.agree([50_000], [0.1], owners, str(i), 127) for i in range(4)]
+    rng = np.random.default_rng(3)
+    inputs = [rng.uniform(-0.025, 0.025, 50_000) for _ in range(4)]
+    masked = {i: c.mask(inputs[i], grids[i]) for i, c in enumerate(r.clients) if i != 2}  # client 2 drops
+    assert all(m.max() < 2**bits for m in masked.values())
+    counts = np.bincount(masked[0], minlength=2**bits)  # its codes are a few levels: masked, all 512
+    assert stats.chisquare(counts).pvalue > 1e-3
+    reveals = [r.clients[i].reveal(request(r, set(masked))) for i in masked]
+    total = unmask(cfg, r.public_keys, masked, reveals)
+    codes = [grids[i].encode(inputs[i]) for i in masked]
+    assert np.array_equal(total, (np.sum(codes, axis=0, dtype=np.uint64) % 2**bits).astype(np.uint32))
+    reader = SharedGrid.agree([50_000], [0.1], owners, None, 127)
+    summed = aggregate(cfg, r.public_keys, masked, reveals, reader)
+    assert np.allclose(summed, sum(inputs[i] for i in masked), atol=3 * reader.step[0] / 2)
+    with pytest.raises(BadRequest, match="a grid of 9 bits for a ring of 32"):
+        config(4).encoding_for(reader)

@@ -8,12 +8,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tests.privacy.helpers import setup
 
 from gpuflex.errors import BadRequest, Conflict, Forbidden
 from gpuflex.privacy.fixedpoint import flatten
-from gpuflex.protocol.messages import DPTask, SecAggPost
-from gpuflex.protocol.spec import JobSpec
-from gpuflex.train.secure import rehearse, unpack_masked
+from gpuflex.privacy.secagg import SecAggConfig
+from gpuflex.protocol.messages import DPTask, SecAggPost, TaskConfig
+from gpuflex.protocol.spec import JobSpec, TrainingSpec
+from gpuflex.train.compression.bitpack import packed_size
+from gpuflex.train.secure import (
+    Roster,
+    SecureWorker,
+    Session,
+    agreed_grid,
+    next_ranges,
+    pack_masked,
+    rehearse,
+    ring_bits,
+    unpack_masked,
+)
 from gpuflex.train.transport import LocalTransport
 
 HASH = "0" * 64
@@ -62,11 +75,12 @@ def test_an_owner_whose_shares_never_came_is_left_out_of_a_fresh_attempt():
     assert any("restarts (attempt 1) without t-c" in m for m in log), log
 
 
-def test_under_dp_the_owners_noise_shares_add_up_to_the_plain_modes_noise():
+@pytest.mark.parametrize("compression", ["none", "int8"])  # the wide ring, the shared grid's
+def test_under_dp_the_owners_noise_shares_add_up_to_the_plain_modes_noise(compression):
     dp = DPTask(clip=1.0, noise_multiplier=0.5, rounds=1)
     weights = {"t-a": 1, "t-b": 1, "t-c": 1}
     values = dict.fromkeys(weights, 0.0)
-    mean, _ = play(weights, values, dp=dp)
+    mean, _ = play(weights, values, dp=dp, compression=compression)
     noise = _flat(mean)
     # each of 3 owners adds N(0, σ²/t), t = 2; σ = z·C·max w/Σw = 0.5/3: the sum's std is σ·sqrt(3/2)
     sigma = 0.5 / 3
@@ -132,3 +146,62 @@ def test_the_relay_refuses_what_would_break_an_attempt():
 def test_secure_aggregation_outside_a_synchronous_federated_job_is_refused_with_the_spec(job, says):
     with pytest.raises(ValueError, match=says):
         JobSpec.model_validate({"name": "j", **job})
+
+
+def test_under_int8_owners_mask_packed_9_bit_words_and_the_mean_is_exact_to_the_shared_grid():
+    step = TrainingSpec().lr * TrainingSpec().inner_steps / 127  # round 0's range over int8's levels
+    for gone in (frozenset(), frozenset({"t-b"})):
+        mean, hub = play(WEIGHTS, VALUES, compression="int8", vanish_after_sharing=gone)
+        came = [t for t in WEIGHTS if t not in gone]
+        scale = sum(WEIGHTS.values()) / sum(WEIGHTS[t] for t in came)  # FedAvg over those that came
+        assert np.max(np.abs(_flat(mean) - _fedavg(came))) <= len(came) * step / 2 * scale
+        for c in hub.contributions(0).contributions:
+            blob = hub.get_blob(c.delta)
+            assert len(blob) == 6 + packed_size(17, 9)  # 9 bits a value, where the wide ring takes 32
+            assert unpack_masked(blob, 17, 9)[1].max() < 2**9
+
+
+def test_what_the_shared_grid_rounds_or_clamps_away_goes_back_to_the_owners_error_feedback():
+    weights = {"t-a": 1, "t-b": 1, "t-c": 2}
+    config = TaskConfig(
+        job_id="j",
+        task_id="t-c",
+        role="worker",
+        worker_index=2,
+        num_workers=3,
+        training=TrainingSpec(compression="int8"),
+        weights=weights,
+        secure_aggregation=2,
+    )
+    worker = SecureWorker(config, mailbox=None)
+    r = setup(SecAggConfig("j", 0, 3, 2, worker.range, ring_bits(worker.levels, 3)))
+    roster = Roster(0, tuple(weights), (0.09,))
+    delta = {"w": torch.linspace(-0.2, 0.2, 101, dtype=torch.float64)}  # past the range: clamped
+    blob, dropped = worker.masked_blob(Session(0, roster, r.clients[2]), delta)
+    vector, layout = flatten(delta)
+    grid = agreed_grid(127, roster, layout, weights, None, 2, "t-c")
+    delivered = grid.decode_sum(grid.encode(0.5 * vector)) / 0.5  # t-c's share of the average: 1/2
+    assert np.allclose(delivered + _flat(dropped), vector)
+    assert _flat(dropped)[0] < -0.1 and np.abs(_flat(dropped)[40:61]).max() <= grid.step[0]
+    assert len(blob) == 6 + packed_size(101, 9)
+
+
+def test_the_grid_follows_the_average_up_and_down_within_bounds():
+    mean = {"a": torch.tensor([0.5, -1.0]), "b": torch.zeros(3), "c": torch.tensor([1e-6])}
+    assert next_ranges(mean, (1.0, 1.0, 1.0), None) == (2.0, 1.0 / 16, 1.0 / 16)
+    assert next_ranges(mean, (1.0, 1.0, 1.0), DPTask(clip=0.3, noise_multiplier=1.0, rounds=1)) == (
+        0.3,
+        1.0 / 16,
+        1.0 / 16,
+    )
+
+
+@pytest.mark.parametrize("bits", [9, 10, 32])
+def test_masked_words_pack_to_their_bits_and_back(bits):
+    words = np.random.default_rng(bits).integers(0, 2**bits, 1001, dtype=np.uint64).astype(np.uint32)
+    blob = pack_masked(3, words, bits)
+    assert len(blob) == 6 + (4 * 1001 if bits == 32 else packed_size(1001, bits))
+    attempt, back = unpack_masked(blob, 1001, bits)
+    assert attempt == 3 and np.array_equal(back, words)
+    with pytest.raises(BadRequest, match="not a masked vector of 1000 values"):
+        unpack_masked(blob, 1000, bits)

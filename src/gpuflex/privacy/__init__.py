@@ -3,7 +3,8 @@
 The worker, the aggregator and the CLI call it; it imports neither them nor HTTP nor ``train``
 (import-linter holds it to that), and does no I/O. Map of the files:
 
-- ``fixedpoint``  a delta as one flat vector; values clipped and quantized to integers mod 2^32
+- ``fixedpoint``  a delta as one flat vector; values quantized to integers mod 2^32, or on a shared
+                  grid mod 2^k (a narrow ring for compressed updates)
 - ``masks``       X25519 key agreement, HKDF seeds, ChaCha20 mask expansion, Shamir shares
 - ``secagg``      one round of secure aggregation: the clients' masking and the aggregator's unmasking
 - ``mailbox``     the relay's rules for its messages: who posts and reads what, when an attempt is final

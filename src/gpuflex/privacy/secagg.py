@@ -9,7 +9,9 @@ party. Clients are the indices ``0 .. n-1`` of the round's roster.
    that rebuilding a dropped client's masking key opens none of the bundles meant for it
    (``Client.sealed_shares``, ``Client.hold_sealed``); the aggregator only forwards them.
 3. Each client sends ``masked = encode(x) + PRG(seed) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)``
-   mod 2^32 (``Client.mask``). Clients that send nothing are the round's dropped clients.
+   mod 2^k (``Client.mask``; ``k = ring_bits``: 32 for ``FixedPoint``, fewer for a ``SharedGrid``, whose
+   masks are the keystream's words mod 2^k, as uniform there since 2^k divides 2^32). Clients that
+   send nothing are the round's dropped clients.
 4. The aggregator asks the survivors to reveal, for each survivor, its seed share and, for each dropped
    client, its key share (``UnmaskRequest``); an honest client reveals one kind per client and never
    both (``Client.reveal`` refuses), so no client's lone input can be unmasked.
@@ -36,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from gpuflex.errors import BadRequest, Conflict, Forbidden, SpecError
 from gpuflex.privacy import envelope, masks
-from gpuflex.privacy.fixedpoint import FixedPoint
+from gpuflex.privacy.fixedpoint import WIDE_BITS, FixedPoint, SharedGrid
 from gpuflex.privacy.masks import Share
 
 MIN_CLIENTS = 3  # with two, a survivor's sum is its own input the moment its peer drops
@@ -50,7 +52,8 @@ class SecAggConfig:
     round: int
     n: int
     threshold: int
-    clip: float  # each coordinate is clipped to [-clip, clip] before encoding
+    clip: float  # each coordinate is clipped to [-clip, clip] before encoding (the wide ring's)
+    ring_bits: int = WIDE_BITS  # the ring masks and sums live in: 2^ring_bits
 
     def __post_init__(self) -> None:
         if self.n < MIN_CLIENTS:
@@ -62,6 +65,8 @@ class SecAggConfig:
                 f"not {self.threshold}"
             )
         FixedPoint(self.clip, self.n)
+        if not 1 <= self.ring_bits <= WIDE_BITS:
+            raise SpecError(f"secure aggregation's ring of {self.ring_bits} bits: out of range")
 
     @classmethod
     def default_threshold(cls, n: int) -> int:
@@ -70,6 +75,18 @@ class SecAggConfig:
     @property
     def encoding(self) -> FixedPoint:
         return FixedPoint(self.clip, self.n)
+
+    def encoding_for(self, grid: SharedGrid | None) -> FixedPoint | SharedGrid:
+        """``grid`` if the round agreed one (it must fit the ring), else the wide fixed point."""
+        if grid is None:
+            return self.encoding
+        if grid.ring_bits != self.ring_bits:
+            raise BadRequest(f"a grid of {grid.ring_bits} bits for a ring of {self.ring_bits}")
+        return grid
+
+    @property
+    def ring_mask(self) -> np.uint32:
+        return np.uint32((1 << self.ring_bits) - 1)
 
 
 def job_threshold(owners: int, asked: int | None = None) -> int:
@@ -179,14 +196,15 @@ class Client:
             raise BadRequest(f"shares from {bundle.owner} for {bundle.holder} handed to client {self.index}")
         self._held[bundle.owner] = bundle
 
-    def mask(self, values: np.ndarray) -> np.ndarray:
-        """Step 3: the encoded, masked vector (uint32); uniform noise to anyone without the masks."""
+    def mask(self, values: np.ndarray, grid: SharedGrid | None = None) -> np.ndarray:
+        """Step 3: the encoded (on ``grid`` if given), masked vector (uint32 below 2^ring_bits); uniform
+        noise to anyone without the masks."""
         if not self._roster:
             raise Conflict("a client masks only after the roster's public keys (Client.shares)")
         if self._masked:  # two inputs under one mask: their difference would show through
             raise Conflict(f"client {self.index} already masked an input this round")
         cfg = self.config
-        out = cfg.encoding.encode(values)
+        out = cfg.encoding_for(grid).encode(values)
         self._masked = True
         out += masks.expand(masks.self_mask_key(self.seed, cfg.job_id, cfg.round, self.index), out.size)
         for v, peer in enumerate(self._roster):
@@ -198,7 +216,7 @@ class Client:
                 out += pad
             else:
                 out -= pad
-        return out
+        return out & cfg.ring_mask
 
     def reveal(self, request: UnmaskRequest) -> Reveal:
         """Step 4: shares for the aggregator, refusing any request that would expose one client whole."""
@@ -257,7 +275,7 @@ def unmask(
     masked: dict[int, np.ndarray],
     reveals: Sequence[Reveal],
 ) -> np.ndarray:
-    """Step 5: the ring sum (uint32) of the survivors' encoded inputs, exactly."""
+    """Step 5: the ring sum (uint32, mod 2^ring_bits) of the survivors' encoded inputs, exactly."""
     survivors = frozenset(masked)
     if not survivors <= frozenset(range(config.n)):
         raise BadRequest(f"masked vectors from clients {sorted(survivors)}, not all in a round of {config.n}")
@@ -292,7 +310,7 @@ def unmask(
                 total -= pad
             else:
                 total += pad
-    return total
+    return total & config.ring_mask
 
 
 def aggregate(
@@ -300,6 +318,8 @@ def aggregate(
     public_keys: Sequence[bytes],
     masked: dict[int, np.ndarray],
     reveals: Sequence[Reveal],
+    grid: SharedGrid | None = None,
 ) -> np.ndarray:
-    """The float sum of the survivors' (clipped, rounded) inputs."""
-    return config.encoding.decode_sum(unmask(config, public_keys, masked, reveals), len(masked))
+    """The float sum of the survivors' (clipped, rounded) inputs, on ``grid`` if the round agreed one."""
+    total = unmask(config, public_keys, masked, reveals)
+    return config.encoding_for(grid).decode_sum(total, len(masked))

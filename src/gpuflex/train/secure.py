@@ -6,7 +6,7 @@ Round ``r``, attempt ``a`` (every message names both)::
     aggregator  roster    the worker tasks taking part (attempt 0: all the job's owners)
     worker      keys      its round key and transport key            (posted while it trains)
     worker      shares    its seed and key shares, one sealed bundle per roster member, in ONE message
-    worker      contribution: the blob is ``attempt`` + its masked vector (uint32), a contribution as ever
+    worker      contribution: the blob is ``attempt`` + its masked vector, a contribution as ever
     aggregator  request   the survivors: roster members whose masked vectors it sums
     worker      reveal    to the aggregator alone: seed shares of the survivors, key shares of the dropped
     aggregator  the sum; the outer step and round r + 1 as ever
@@ -18,6 +18,20 @@ the plain mode's noise on the average (``dp.mean_noise_std``) and ``t`` the atte
 ``t`` or more survivors' shares together carry at least ``σ²``. The aggregator learns the sum of the
 survivors' shares: with DP that is DP-FedAvg's fixed-denominator average, already noised; without, it
 scales it by ``W / Σ_survivors w_i``, the FedAvg of those that came.
+
+The ring. Under a quantized ``training.compression`` (``GRID_CODECS``: int8, int4, int2) the owners
+quantize on a ``fixedpoint.SharedGrid`` whose sum spans ``GRID_LEVELS`` (127, int8's) each way and mask
+in a ring just wide enough for the sum of their codes (9 bits for up to 128 owners), bit-packed: an
+upload costs about what the plain job's int8 update does. (A grid of int4's 7 levels, or 31, sends
+fewer bits but trained worse in ``bench/federated_secagg.py``'s job: int4 and int2 keep int8's grid.)
+The grid's per-tensor ranges are public facts the aggregator posts with each roster:
+``HEADROOM`` times the largest value of each tensor of the last average it unmasked (round 0: ``lr ·
+inner_steps``, about the most an Adam-type inner optimizer moves a weight; under DP at most the clip;
+they shrink by up to ``SHRINK`` a round where that was too wide).
+They tell the owners no more than the model's updates do, and a range set too low only delays an owner's
+update: what the grid rounds or clamps away stays in the owner's error feedback (``masked_blob``'s
+second half) and is sent in later rounds. Other compressions mask dense 32-bit fixed point
+(``fixedpoint.FixedPoint``).
 
 Dropouts. An owner that drops after its shares message (while training, after masking) is a dropped
 client: the survivors' reveals rebuild its pairwise masks and the round carries the exact sum of the
@@ -48,7 +62,7 @@ from gpuflex.errors import BadRequest, Conflict, Forbidden
 from gpuflex.privacy import secagg
 from gpuflex.privacy.dp import clip as clip_to
 from gpuflex.privacy.dp import mean_noise_std
-from gpuflex.privacy.fixedpoint import Layout, flatten, unflatten
+from gpuflex.privacy.fixedpoint import WIDE_BITS, Layout, SharedGrid, flatten, unflatten
 from gpuflex.privacy.masks import Share
 from gpuflex.protocol.messages import (
     Contribution,
@@ -60,12 +74,17 @@ from gpuflex.protocol.messages import (
     SecAggPost,
     TaskConfig,
 )
-from gpuflex.protocol.spec import TrainingSpec
+from gpuflex.protocol.spec import CompressionSpec, TrainingSpec
+from gpuflex.train.compression.bitpack import MAX_BITS, pack, packed_size, unpack
 from gpuflex.train.transport import LocalTransport, Transport
 
 Delta = dict[str, torch.Tensor]
 NO_DP_RANGE = 1.0  # without DP, each value of an owner's weighted delta is clipped to ±this (no L2 bound)
 NOISE_RANGE = 8.0  # with DP, the range also holds this many standard deviations of the noise on a value
+GRID_CODECS = frozenset({"int8", "int4", "int2"})  # the compressions whose owners mask on a shared grid
+GRID_LEVELS = 127  # its levels each way of zero for the sum: an int8 code's (fewer cost int4 its loss)
+HEADROOM = 2.0  # a tensor's range: this many times the largest value of its last average
+SHRINK = 16.0  # but at least its last range over this (an average the grid rounded to zero shrinks it)
 _MAGIC = b"GFSA"
 _HEADER = struct.Struct(">4sH")  # magic, attempt
 
@@ -78,6 +97,59 @@ def value_range(weights: dict[str, int], dp: DPTask | None) -> float:
     return share * dp.clip + NOISE_RANGE * mean_noise_std(
         dp.clip, dp.noise_multiplier, list(weights.values())
     )
+
+
+def shared_levels(compression: CompressionSpec, owners: int) -> int | None:
+    """The levels of the job's shared grid, or None: the wide ring (a dense codec, or too many owners
+    for a packed ring)."""
+    if compression.method not in GRID_CODECS or SharedGrid.bits_for(GRID_LEVELS, owners) > MAX_BITS:
+        return None
+    return GRID_LEVELS
+
+
+def ring_bits(levels: int | None, owners: int) -> int:
+    return WIDE_BITS if levels is None else SharedGrid.bits_for(levels, owners)
+
+
+def noise_share_std(dp: DPTask, weights: dict[str, int], threshold: int) -> float:
+    """Each owner's share of the DP noise: any ``threshold`` of them carry the plain mode's variance."""
+    return mean_noise_std(dp.clip, dp.noise_multiplier, list(weights.values())) / math.sqrt(threshold)
+
+
+def first_ranges(spec: TrainingSpec, layout: Layout, dp: DPTask | None) -> tuple[float, ...]:
+    """Round 0's ranges, before any average is known: ``lr · inner_steps`` (clip-bounded under DP)."""
+    bound = spec.lr * spec.inner_steps
+    return (bound if dp is None else min(bound, dp.clip),) * len(layout.names)
+
+
+def next_ranges(mean: Delta, last: tuple[float, ...], dp: DPTask | None) -> tuple[float, ...]:
+    """The ranges for the next round from the average just unmasked (its tensors in name order) and the
+    ``last`` ranges: they follow the average up (by at most ``HEADROOM`` a round, as the grid clamps) and
+    down (by at most ``SHRINK``), and stay positive."""
+    names = sorted(mean)
+    top = np.array([float(mean[n].detach().abs().max()) if mean[n].numel() else 0.0 for n in names])
+    ranges = np.maximum(HEADROOM * top, np.asarray(last) / SHRINK)
+    if dp is not None:
+        ranges = np.minimum(ranges, dp.clip)
+    return tuple(float(r) for r in ranges)
+
+
+def agreed_grid(
+    levels: int | None,
+    roster: Roster,
+    layout: Layout,
+    weights: dict[str, int],
+    dp: DPTask | None,
+    threshold: int,
+    owner: str | None,
+) -> SharedGrid | None:
+    """The attempt's shared grid (None: the wide ring), the same for every party; ``owner``'s limits."""
+    if levels is None:
+        return None
+    total = sum(weights.values())
+    span = 0.0 if dp is None else NOISE_RANGE * noise_share_std(dp, weights, threshold)
+    shares = {t: w / total for t, w in weights.items()}
+    return SharedGrid.agree(layout.sizes, list(roster.ranges), shares, owner, levels, span)
 
 
 # what a message a task cannot trust may raise when it is read: a worker's bad keys or shares, a bad reveal
@@ -113,22 +185,36 @@ def _shares_in(items: list[str]) -> list[Share]:
     return out
 
 
-def pack_masked(attempt: int, masked: np.ndarray) -> bytes:
-    return _HEADER.pack(_MAGIC, attempt) + masked.astype("<u4").tobytes()
+def pack_masked(attempt: int, masked: np.ndarray, bits: int = WIDE_BITS) -> bytes:
+    """A contribution's blob: the attempt, then the masked words, ``bits`` each (packed below 32)."""
+    if bits == WIDE_BITS:
+        words = masked.astype("<u4").tobytes()
+    else:
+        words = pack(torch.from_numpy(masked.astype(np.int64)), bits).numpy().tobytes()
+    return _HEADER.pack(_MAGIC, attempt) + words
 
 
-def unpack_masked(blob: bytes, size: int) -> tuple[int, np.ndarray]:
-    """The attempt and the masked vector of a contribution's blob; BadRequest if it is not one of ``size``."""
-    if len(blob) != _HEADER.size + 4 * size or blob[:4] != _MAGIC:
-        raise BadRequest(f"not a masked vector of {size} values ({len(blob)} bytes)")
+def unpack_masked(blob: bytes, size: int, bits: int = WIDE_BITS) -> tuple[int, np.ndarray]:
+    """The attempt and the masked vector of a contribution's blob; BadRequest if it is not one of ``size``
+    words of ``bits``."""
+    length = 4 * size if bits == WIDE_BITS else packed_size(size, bits)
+    if len(blob) != _HEADER.size + length or blob[:4] != _MAGIC:
+        raise BadRequest(f"not a masked vector of {size} values of {bits} bits ({len(blob)} bytes)")
     _, attempt = _HEADER.unpack_from(blob)
-    return attempt, np.frombuffer(blob, dtype="<u4", offset=_HEADER.size).astype(np.uint32)
+    if bits == WIDE_BITS:
+        return attempt, np.frombuffer(blob, dtype="<u4", offset=_HEADER.size).astype(np.uint32)
+    data = torch.from_numpy(np.frombuffer(blob, dtype=np.uint8, offset=_HEADER.size).copy())
+    return attempt, unpack(data, bits, size).numpy().astype(np.uint32)
 
 
 @dataclass(frozen=True)
 class Roster:
     attempt: int
     tasks: tuple[str, ...]  # client i of the attempt is tasks[i]
+    ranges: tuple[float, ...] = ()  # the shared grid's per-tensor ranges (none: the wide ring)
+
+    def body(self) -> dict:
+        return {"tasks": list(self.tasks)} | ({"ranges": list(self.ranges)} if self.ranges else {})
 
 
 def _body(message: SecAggMessage) -> dict:
@@ -146,7 +232,8 @@ def newest_roster(messages: list[SecAggMessage]) -> Roster | None:
     if not rosters:
         return None
     newest = max(rosters, key=lambda m: m.attempt)
-    return Roster(newest.attempt, tuple(_body(newest)["tasks"]))
+    body = _body(newest)
+    return Roster(newest.attempt, tuple(body["tasks"]), tuple(float(r) for r in body.get("ranges", ())))
 
 
 def _of(messages: list[SecAggMessage], attempt: int, kind: SecAggKind) -> dict[str, SecAggMessage]:
@@ -203,6 +290,7 @@ class SecureWorker:
     mailbox: _Mailbox
     weight: float = field(init=False)
     range: float = field(init=False)
+    levels: int | None = field(init=False)  # the shared grid's (None: the wide ring)
 
     def __post_init__(self) -> None:
         weights = self.config.weights or {}
@@ -210,6 +298,7 @@ class SecureWorker:
             raise Conflict("secure aggregation: this worker's task has no weight in the job's config")
         self.weight = weights[self.config.task_id] / sum(weights.values())
         self.range = value_range(weights, self.config.dp)
+        self.levels = shared_levels(self.config.training.compression, len(weights))
 
     @classmethod
     def start(
@@ -255,7 +344,10 @@ class SecureWorker:
     def _client(self, round: int, roster: Roster) -> secagg.Client:
         n = len(roster.tasks)
         t = secagg.attempt_threshold(self.config.secure_aggregation or 0, n)
-        config = secagg.SecAggConfig(self.config.job_id, _round_id(round, roster.attempt), n, t, self.range)
+        bits = ring_bits(self.levels, len(self.config.weights or {}))
+        config = secagg.SecAggConfig(
+            self.config.job_id, _round_id(round, roster.attempt), n, t, self.range, bits
+        )
         return secagg.Client(config, roster.tasks.index(self.config.task_id))
 
     def _share(
@@ -286,20 +378,23 @@ class SecureWorker:
             client.hold_sealed(owner, _unb64(_body(shares[task])[me]))
         return True
 
-    def masked_blob(self, session: Session, decoded: Delta) -> bytes:
-        """Step 3: this owner's share of the average (and of the noise), masked, as a contribution blob."""
-        dp = self.config.dp
+    def masked_blob(self, session: Session, decoded: Delta) -> tuple[bytes, Delta]:
+        """Step 3: this owner's share of the average (and of the noise), masked, as a contribution blob;
+        and what the ring's encoding dropped of ``decoded`` (in its units), for the error feedback."""
+        dp, weights, config = self.config.dp, self.config.weights or {}, session.client.config
         if dp is not None:  # what this owner releases is within the bound, residual or not
             decoded = clip_to(decoded, dp.clip)[0]
-        vector, _ = flatten(decoded)
+        vector, layout = flatten(decoded)
         vector = vector * self.weight
         if dp is not None:
-            weights = list((self.config.weights or {}).values())
-            std = mean_noise_std(dp.clip, dp.noise_multiplier, weights) / math.sqrt(
-                session.client.config.threshold
-            )
+            std = noise_share_std(dp, weights, config.threshold)
             vector = vector + np.random.default_rng().normal(0.0, std, vector.size)  # OS-seeded
-        return pack_masked(session.roster.attempt, session.client.mask(vector))
+        me = self.config.task_id
+        grid = agreed_grid(self.levels, session.roster, layout, weights, dp, config.threshold, me)
+        encoding = config.encoding_for(grid)
+        dropped = (vector - encoding.decode_sum(encoding.encode(vector), 1)) / self.weight
+        blob = pack_masked(session.roster.attempt, session.client.mask(vector, grid), config.ring_bits)
+        return blob, unflatten(dropped, layout)
 
     def reveal(self, session: Session) -> None:
         """Step 4: answer the aggregator's request for this attempt, once; gives up when the round closes."""
@@ -342,6 +437,8 @@ class SecureAggregator:
     layout: Layout
     dp: DPTask | None
     timeout_s: float
+    levels: int | None  # the shared grid's (None: the wide ring)
+    ranges: tuple[float, ...]  # the grid's ranges for the next round's roster (() for the wide ring)
     roster: Roster = field(default_factory=lambda: Roster(0, ()))
     began: float = 0.0  # when the current attempt was posted
     waiting_logged: bool = False
@@ -359,23 +456,27 @@ class SecureAggregator:
         poll_interval_s: float,
         should_stop: Callable[[], bool],
     ) -> SecureAggregator:
+        layout = flatten(params)[1]
+        levels = shared_levels(spec.compression, len(weights))
         return cls(
             _Mailbox(transport, poll_interval_s, should_stop),
             job_id,
             weights,
             threshold,
             value_range(weights, dp),
-            flatten(params)[1],
+            layout,
             dp,
             spec.round_timeout_s,
+            levels,
+            first_ranges(spec, layout, dp) if levels is not None else (),
         )
 
     def open(self, round: int) -> None:
         """Post attempt 0 of ``round`` (or find the attempt a predecessor posted): every owner."""
         found = newest_roster(self.mailbox.read(round))
-        self.roster = found or Roster(0, tuple(sorted(self.weights)))
+        self.roster = found or Roster(0, tuple(sorted(self.weights)), self.ranges)
         if found is None:
-            self.mailbox.post(round, 0, "roster", {"tasks": list(self.roster.tasks)})
+            self.mailbox.post(round, 0, "roster", self.roster.body())
         self.began, self.waiting_logged = time.monotonic(), False
 
     def expected(self) -> int:
@@ -407,11 +508,12 @@ class SecureAggregator:
                 return
             members = tuple(sorted(self.weights))  # past the timeout: every owner gets another chance
         left_out = sorted(set(self.roster.tasks) - set(members))
+        attempt = Roster(self.roster.attempt + 1, members, self.roster.ranges)
         try:
-            self.mailbox.post(round, self.roster.attempt + 1, "roster", {"tasks": list(members)})
+            self.mailbox.post(round, attempt.attempt, "roster", attempt.body())
         except Conflict:  # the last shares came in meanwhile: this attempt goes on
             return
-        self.roster = Roster(self.roster.attempt + 1, members)
+        self.roster = attempt
         self.began = time.monotonic()
         if left_out:
             self.mailbox.transport.log(
@@ -421,7 +523,8 @@ class SecureAggregator:
 
     def parse(self, blob: bytes) -> np.ndarray | None:
         """A contribution's masked vector if it belongs to the current attempt (None: another's)."""
-        attempt, masked = unpack_masked(blob, self.layout.size)
+        bits = ring_bits(self.levels, len(self.weights))
+        attempt, masked = unpack_masked(blob, self.layout.size, bits)
         return masked if attempt == self.roster.attempt else None
 
     def mean(self, round: int, used: list[tuple[Contribution, np.ndarray]]) -> Delta | None:
@@ -483,7 +586,9 @@ class SecureAggregator:
             n,
             secagg.attempt_threshold(self.threshold, n),
             self.range,
+            ring_bits(self.levels, len(self.weights)),
         )
+        grid = agreed_grid(self.levels, roster, self.layout, self.weights, self.dp, config.threshold, None)
         public = [_unb64(keys[t]["key"]) for t in roster.tasks]
         answers = []
         for task, message in sorted(reveals.items()):
@@ -498,7 +603,7 @@ class SecureAggregator:
                 )
             )
         masked = {index[c.task_id]: v for c, v in used if c.task_id in index}
-        total = secagg.aggregate(config, public, masked, answers)
+        total = secagg.aggregate(config, public, masked, answers, grid)
         dropped = n - len(masked)
         self.mailbox.transport.log(
             f"round {round}: secure aggregation unmasked the sum of {len(masked)} owners"
@@ -511,7 +616,10 @@ class SecureAggregator:
         if self.dp is None:  # FedAvg over those that came: the sum was over all owners' weight
             came = sum(self.weights[c.task_id] for c, _ in used if c.task_id in index)
             total = total * (sum(self.weights.values()) / came)
-        return unflatten(total, self.layout)
+        mean = unflatten(total, self.layout)
+        if self.levels is not None:
+            self.ranges = next_ranges(mean, roster.ranges, self.dp)
+        return mean
 
 
 def rehearse(
@@ -519,6 +627,7 @@ def rehearse(
     weights: dict[str, int],
     *,
     dp: DPTask | None = None,
+    compression: str = "none",
     vanish_after_sharing: frozenset[str] = frozenset(),
     never_share: frozenset[str] = frozenset(),
     timeout_s: float = 5.0,
@@ -527,12 +636,13 @@ def rehearse(
     """One round played in this process, each owner (``deltas``' keys, its decoded pseudo-gradient) on a
     thread, the aggregator here, over a ``LocalTransport`` with the job's rules: an owner in
     ``vanish_after_sharing`` is gone once its shares are out, one in ``never_share`` never comes. The
-    round's mean, and the hub (its logs, its contributions). For tests and ``bench/federated_secagg.py``."""
+    round's mean, and the hub (its logs, its contributions); ``compression`` picks the ring (``int8``: the
+    shared grid, round 0's ranges). For tests and ``bench/federated_secagg.py``."""
     hub = LocalTransport(rounds=1, live_workers=len(weights), task_id="aggregator")
     state = "0" * 64
     hub.publish_round(RoundPublish(round=0, state_hash=state, checkpoint=hub.put_blob(b"round 0")))
     threshold = secagg.job_threshold(len(weights))
-    spec = TrainingSpec(round_timeout_s=timeout_s)
+    spec = TrainingSpec(round_timeout_s=timeout_s, compression=compression)
     like = next(iter(deltas.values()))
     stop = threading.Event()
     aggregator = SecureAggregator.start(
@@ -557,7 +667,7 @@ def rehearse(
         session = worker.prepare(0)
         if session is None or task in vanish_after_sharing:
             return
-        blob = worker.masked_blob(session, deltas[task])
+        blob, _ = worker.masked_blob(session, deltas[task])
         digest = view.put_blob(blob)
         view.submit_contribution(ContributionSubmit(round=0, delta=digest, tokens=1, steps=1, train_loss=1.0))
         worker.reveal(session)

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from gpuflex.data.fetch import FetchedShards, ShardReader
-from gpuflex.errors import Conflict
+from gpuflex.errors import BadRequest, Conflict
 from gpuflex.privacy import dp
 from gpuflex.protocol.messages import AuditStateSubmit, Commitment, ContributionSubmit, RoundState, TaskConfig
 from gpuflex.train.commitment import (
@@ -504,7 +504,13 @@ class _Loop:
                     "without this owner): no contribution"
                 )
                 return
-            blob = self.secure.masked_blob(session, self.replica.decode(blob))
+            try:
+                blob, dropped = self.secure.masked_blob(session, self.replica.decode(blob))
+            except BadRequest as err:  # the roster's grid does not fit this model: nothing to send
+                self.replica.feedback.revert()
+                self.transport.log(f"round {submission.round}: secure aggregation: {err.message}")
+                return
+            self.replica.feedback.owe(dropped)  # what the ring's grid rounded off is sent later
             self.summary.secure_s += time.monotonic() - began
         submission = submission.model_copy(update={"delta": self.transport.put_blob(blob)})
         try:

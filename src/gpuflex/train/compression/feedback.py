@@ -61,6 +61,12 @@ class ErrorFeedback:
         self.compressions += 1
         return blob, decoded
 
+    def owe(self, dropped: Mapping[str, Tensor]) -> None:
+        """Add to the residual what a later encoding of the last blob's decoding dropped (secure
+        aggregation's shared grid), so that it too is sent in a later round."""
+        for name, lost in dropped.items():
+            self.residual[name] = self.residual[name] + lost.detach().to("cpu", torch.float32)
+
     def revert(self) -> None:
         """Undo the last ``compress``: its blob was not used (refused as stale), nor is its residual."""
         self.residual = self._previous

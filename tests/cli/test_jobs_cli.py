@@ -296,6 +296,7 @@ def test_ctrl_c_on_submit_watch_says_the_job_goes_on_and_how_to_watch_or_cancel_
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=_interruptible,
     )
     try:
         submitted = process.stdout.readline()
@@ -320,6 +321,13 @@ def test_ctrl_c_on_submit_watch_says_the_job_goes_on_and_how_to_watch_or_cancel_
     assert "Traceback" not in err
     assert net.alice.job(job_id).state == "pending"
     net.alice.cancel(job_id)
+
+
+def _interruptible() -> None:
+    """In the child, before it runs: SIGINT's default disposition, as a terminal gives a command. The test
+    process itself may ignore SIGINT (a full run once had it ignored in a pytest worker, by something not
+    found), and an ignored SIGINT is inherited: Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _signal_dispositions(pid: int) -> dict[str, str]:

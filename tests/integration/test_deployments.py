@@ -62,6 +62,8 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         net.start_agent("c0", price=0.2)
         client = Client(url, Client(url).create_account("it").token)
         client.deposit(5)
+        # both online before it is placed: on c0 (cheaper), as a core node's requests are not audited
+        wait_for(lambda: sum(o.state == "online" for o in client.offers()) == 2, 60, "the agents to register")
         who = ["--url", url, "--token", client_token(client)]
         args = ["--max-price", "0.5", "--budget", "1", "--audit-rate", "1"]
         out = _cli("deploy", "--model", str(model_dir), *args, *who)

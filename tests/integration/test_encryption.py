@@ -64,12 +64,12 @@ def test_an_encrypted_job_trains_and_comes_home_while_the_coordinator_holds_only
 
         out = _run(home, net, token, "submit", str(job_file))
         job_id = client.jobs()[0].id
-        assert f"gpuflex job keys {job_id}" in out, out
+        assert f"gpuflex job keys {job_id}" in " ".join(out.split()), out  # the terminal may fold it
         waiting = "waits for the consumer's data key (lease"  # nobody serves the key yet: said, not silent
         wait_for(lambda: any(waiting in e.message for e in client.logs(job_id)), 60, "the key wait")
         assert client.job(job_id).rounds_log == []  # the aggregator cannot even publish round 0 without it
         shown = _run(home, net, token, "job", "show", job_id)
-        assert f"wait(s) for the data key: run `gpuflex job keys {job_id}`" in shown, shown
+        assert f"wait(s) for the data key: run `gpuflex job keys {job_id}`" in " ".join(shown.split()), shown
 
         served = _run(home, net, token, "job", "keys", job_id)  # it returns once the job has ended
         assert "data key sealed to aggregator 0 on core" in served and "worker 0 on c0" in served, served

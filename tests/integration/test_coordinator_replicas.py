@@ -14,8 +14,6 @@ gives directly. Then, in turn:
 
 from __future__ import annotations
 
-import re
-
 import openai
 import psycopg
 import pytest
@@ -26,8 +24,8 @@ from gpuflex.coordinator.broker import LISTENER
 from gpuflex.localnet import LocalNetwork
 from gpuflex.testing import save_llama, wait_for
 
-from .test_deployments import _cli, _served
-from .test_failover import MAX_TOKENS, PROMPT, SEED, _serving
+from .test_deployments import _served
+from .test_failover import MAX_TOKENS, PROMPT, SEED, _serving, deploy_two_replicas
 from .test_finetune import client_token
 from .test_network import FAST_LIVENESS
 
@@ -59,19 +57,7 @@ def test_requests_are_brokered_between_coordinator_processes_and_fail_over_acros
         client.deposit(5)
         wait_for(lambda: len(client.offers()) == 2, 60, "both agents to register")
         who = ["--url", first, "--token", client_token(client)]
-        out = _cli(
-            "deploy",
-            "--model",
-            str(model_dir),
-            "--replicas",
-            "2",
-            "--max-price",
-            "0.5",
-            "--budget",
-            "1",
-            *who,
-        )
-        deployment = re.search(r"deployed (d-[0-9a-f]+)", out)[1]
+        deployment = deploy_two_replicas(model_dir, who)
         made = client.create_key(deployment)
         key = made.key
         direct, brokered = (

@@ -30,6 +30,13 @@ MAX_TOKENS = 900
 SEED = 5  # the test model draws its end of sequence after 197 tokens with this seed (at temperature 0.9)
 
 
+def deploy_two_replicas(model_dir: Path, who: list[str]) -> str:
+    """``gpuflex deploy --model DIR --replicas 2`` as its owner (``who``): the deployment's id."""
+    limits = ["--replicas", "2", "--max-price", "0.5", "--budget", "1"]
+    out = _cli("deploy", "--model", str(model_dir), *limits, *who)
+    return re.search(r"deployed (d-[0-9a-f]+)", out)[1]
+
+
 def _serving(net: LocalNetwork, agent: str) -> bool:
     """Whether the agent's replica has loaded the model and polls the relay (its task's log says so)."""
     logs = (net.root / "agents" / agent).rglob("*.log")
@@ -46,19 +53,7 @@ def test_a_replica_killed_mid_request_costs_the_client_nothing(tmp_path: Path):
         client.deposit(5)
         wait_for(lambda: len(client.offers()) == 2, 60, "both agents to register")
         who = ["--url", url, "--token", client_token(client)]
-        out = _cli(
-            "deploy",
-            "--model",
-            str(model_dir),
-            "--replicas",
-            "2",
-            "--max-price",
-            "0.5",
-            "--budget",
-            "1",
-            *who,
-        )
-        deployment = re.search(r"deployed (d-[0-9a-f]+)", out)[1]
+        deployment = deploy_two_replicas(model_dir, who)
         created = client.create_key(deployment)
         key = created.key
         gateway = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)

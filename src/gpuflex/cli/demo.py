@@ -41,7 +41,10 @@ PROVIDERS = [
 ]
 
 
-CHEATER = ("cheater-1", 0.09, False)  # the cheapest: the market picks it as a worker
+# The cheapest by far: the market ranks offers by price per benchmarked TFLOPS, and on one shared machine
+# a provider's benchmark can read well below its neighbours' when it ran under load (in CI one read 40% low
+# and 0.09 lost to community-3); at 0.03 it stays among the three best unless it benchmarks 5x slower.
+CHEATER = ("cheater-1", 0.03, False)
 CHEATER_PLAYS = "scaled"  # a gpuflex.train.adversaries kind that screening catches in its first round
 CHEATER_STAKE = 1.0  # credits it bonds, as a community provider must for the network to trust it
 

@@ -114,6 +114,29 @@ def test_a_node_gets_the_key_only_for_its_live_lease_and_only_it_can_open_it(coo
     assert holder.lease_key(again.lease_id, again.epoch).sealed_key is None
 
 
+def test_a_task_left_waiting_past_key_wait_s_stops_the_job_and_the_budget_comes_back(coordinator, home):
+    coordinator.node("core", core=True, sealing_key=X25519PrivateKey.generate())
+    a = coordinator.node("a", sealing_key=X25519PrivateKey.generate())
+    lab = coordinator.consumer("lab", deposit=5)
+    job = _submit(lab, new_data_key())  # privacy.key_wait_s: 900 by default
+    worker = a.lease()
+    assert "for at most 900s, and then the job stops" in a.lease_key(worker.lease_id, worker.epoch).waiting
+
+    coordinator.clock.advance(850)  # liveness is not judged: the lease stays live, as a beating node keeps it
+    reap_once(coordinator.ctx, judge_liveness=False)
+    assert lab.job(job.id).state in ("scheduled", "running")
+    coordinator.clock.advance(100)
+    reap_once(coordinator.ctx, judge_liveness=False)
+    stopped = lab.job(job.id)
+    assert stopped.state == "failed", stopped
+    assert "waited 950s for its data key (privacy.key_wait_s 900s)" in stopped.reason, stopped.reason
+    assert f"gpuflex job keys {job.id}" in stopped.reason
+    keys = lab.job_keys(job.id)
+    assert not keys.open and keys.requests == []  # its lease ended with the job: nobody asks for a key
+    waited = 0.1 * 950 / 3600  # the worker's 950 s at its 0.1/h: the wait is paid, the rest of the budget not
+    assert lab.balance().balance == pytest.approx(5.0 - waited, abs=1e-4)
+
+
 def test_a_sealing_key_the_node_did_not_sign_is_refused_at_register_and_never_sealed_to(coordinator, home):
     honest = coordinator.node("honest")
     forged = m.NodeRegister(  # a key the node never signed, as a coordinator would slip in

@@ -6,9 +6,11 @@ messages are relayed by the relay's rules."""
 import json
 
 import pytest
+from sqlalchemy import func, select
 
 from gpuflex.auth.signing import node_id_for
 from gpuflex.coordinator.app import reap_once
+from gpuflex.coordinator.db import SecAggMessage
 from gpuflex.errors import BadRequest, Conflict, Forbidden
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
@@ -197,3 +199,9 @@ def test_secure_aggregation_hands_its_tasks_the_threshold_and_weights_and_relays
     ]
     assert [x.kind for x in e.secagg_messages(0, after=seen[0].seq).messages] == ["keys"]
     assert [x.kind for x in agg.secagg_messages(0).messages] == ["roster", "keys", "reveal"]
+
+    one = agg.put_blob(b"round 1")  # the round those messages aggregated is published: nothing keeps them
+    agg.publish_round(m.RoundPublish(round=1, state_hash="1" * 64, update=one, checkpoint=one))
+    assert agg.secagg_messages(0).messages == []
+    with coordinator.ctx.tx() as s:
+        assert s.scalar(select(func.count()).select_from(SecAggMessage)) == 0

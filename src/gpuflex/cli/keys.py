@@ -179,7 +179,7 @@ def keys(
 ) -> None:
     """Serve an encrypted job's data key (privacy.encrypt): seal it to each node while it holds a live
     lease on the job, until the job ends. While nothing serves it (this, `submit --watch` or `job watch`),
-    newly leased nodes wait, paid, and the job's log says so."""
+    newly leased nodes wait, paid (up to `privacy.key_wait_s`), and the job's log says so."""
     client = consumer_client(url, token)
     _say(f"serving job {job_id}'s data key to its leased nodes until it ends (Ctrl-C stops)")
     try:

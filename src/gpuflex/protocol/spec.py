@@ -382,6 +382,11 @@ class PrivacySpec(_Strict):
         "(AES-GCM, a per-job data key made on the consumer's machine); the key sealed only to nodes "
         "holding a live lease on the job, by the consumer's CLI (`submit --watch`, `job keys`)",
     )
+    key_wait_s: Annotated[float, Field(ge=60, le=7 * 86400)] = Field(
+        900,
+        description="with encrypt: the longest a leased task waits, paid, for its data key; past it the job "
+        "stops (the consumer's CLI was not serving keys) and the unspent budget comes back",
+    )
     secure_aggregation: bool = Field(
         False,
         description="owners mask their updates (Bonawitz et al.): the aggregator learns only their sum "

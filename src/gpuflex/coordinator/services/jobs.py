@@ -219,6 +219,7 @@ def finish(session: Session, job: Job, state: str, reason: str, now: float, *, f
         return
     job.state, job.reason, job.finished_at = state, reason, now
     leases.end_for_job(session, job, now, task_state="completed" if state == "completed" else "cancelled")
+    secure.discard(session, job.id)
     session.flush()
     costs: dict[str, int] = defaultdict(int)
     for lease in session.scalars(select(Lease).where(Lease.job_id == job.id)):
@@ -245,7 +246,8 @@ def cancel(session: Session, account: Account, job_id: str, now: float, *, fee_b
 
 
 def enforce_limits(session: Session, now: float, *, fee_bps: int) -> None:
-    """Stop running jobs that spent their budget or whose task failed too often."""
+    """Stop running jobs that spent their budget, whose task failed too often, or whose task waited too long
+    for its data key."""
     jobs = list(session.scalars(select(Job).where(Job.state.in_(OPEN_JOB_STATES))))
     ids = [job.id for job in jobs]
     most_failures = dict(
@@ -254,10 +256,13 @@ def enforce_limits(session: Session, now: float, *, fee_bps: int) -> None:
         ).all()
     )
     costs = metered(session, ids, now)
+    keyless = keys.overdue(session, jobs, now)
     for job in jobs:
         failures = most_failures.get(job.id) or 0
         if failures >= MAX_TASK_FAILURES:
             finish(session, job, "failed", f"a task failed {failures} times", now, fee_bps=fee_bps)
+        elif job.id in keyless:
+            finish(session, job, "failed", keyless[job.id], now, fee_bps=fee_bps)
         elif costs[job.id] >= job.budget_micro:
             # a deployment has served while it ran; a training job that published no round has nothing
             state = "completed" if job.round > 0 or job.kind == "deployment" else "failed"

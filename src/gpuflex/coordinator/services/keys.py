@@ -8,14 +8,19 @@ against the node's own signature and seals the data key to it; only the node hol
 that epoch, gets it. A new epoch is a new lease, so a node that lost its lease has to be sealed to
 again, and a lease that ended is refused. While no key comes (the consumer is offline), the node's
 task waits and the job's log says so, once per lease: what to run, and that the lease's time is paid.
+A wait is paid, so it is bounded: a task that waited longer than ``privacy.key_wait_s`` stops the job
+(``overdue``), and the unspent budget goes back to the consumer.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from collections.abc import Collection
+
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task
+from gpuflex.coordinator.services import specs
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.protocol import messages as m
@@ -74,6 +79,29 @@ def requests(session: Session, job: Job) -> m.JobKeys:
     )
 
 
+def overdue(session: Session, jobs: Collection[Job], now: float) -> dict[str, str]:
+    """Of ``jobs``, the encrypted ones with a leased task that waited past ``privacy.key_wait_s`` for its
+    key, and why each must stop."""
+    encrypted = {job.id: job for job in jobs if job.sealed_key is not None}
+    if not encrypted:
+        return {}
+    waiting_since = session.execute(
+        select(Lease.job_id, func.min(Lease.granted_at))
+        .where(Lease.job_id.in_(encrypted), Lease.state == "active", Lease.sealed_key.is_(None))
+        .group_by(Lease.job_id)
+    )
+    reasons = {}
+    for job_id, since in waiting_since:
+        limit = specs.of(encrypted[job_id]).privacy.key_wait_s
+        if now - since > limit:
+            reasons[job_id] = (
+                f"a leased task waited {now - since:.0f}s for its data key (privacy.key_wait_s "
+                f"{limit:.0f}s): the consumer's CLI served none (`gpuflex job keys {job_id}`), so the job "
+                "stopped rather than pay for more waiting"
+            )
+    return reasons
+
+
 def grant(session: Session, job: Job, msg: m.KeyGrant, now: float) -> None:
     """Hand the lease's node its sealed key: only to a live lease of this job, at its current epoch."""
     _encrypted(job)
@@ -105,7 +133,7 @@ def for_lease(session: Session, node_id: str, lease_id: str, epoch: int, now: fl
     waiting = (
         f"{task.role} {task.index} on {node_id} waits for the consumer's data key (lease {lease.id}): the "
         f"consumer serves it with `gpuflex job keys {job.id}` (or `submit --watch`, `job watch`); the lease "
-        "is paid while it waits"
+        f"is paid while it waits, for at most {specs.of(job).privacy.key_wait_s:.0f}s, and then the job stops"
     )
     told = select(JobEvent.at).where(JobEvent.job_id == job.id, JobEvent.message == waiting).limit(1)
     if session.scalar(told) is None:

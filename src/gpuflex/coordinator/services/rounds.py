@@ -11,7 +11,7 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Contribution, Job, JobEvent, Lease, Node, Round, Task
-from gpuflex.coordinator.services import dp, jobs, specs, verification
+from gpuflex.coordinator.services import dp, jobs, secure, specs, verification
 from gpuflex.errors import BadRequest, Conflict, Forbidden, NotFound
 from gpuflex.protocol import messages as m
 from gpuflex.storage import BlobStore
@@ -229,6 +229,7 @@ def publish(
     if msg.checkpoint is not None:
         job.checkpoint, job.checkpoint_round = msg.checkpoint, msg.round
     job.round = msg.round
+    secure.discard(session, job.id, before=msg.round)
     job.val_loss = msg.val_loss
     job.train_loss = msg.train_loss
     if msg.round == 0:

@@ -1,11 +1,12 @@
 """A federated job's secure aggregation on the coordinator: its threshold checked at submit (before the
 budget moves), and the relay of its rounds' messages between the job's tasks (``privacy.mailbox``'s
 rules; ``train.secure`` plays the protocol). The coordinator stores sealed share bundles and, for the
-aggregator alone, the survivors' reveals; it never sees a masking key or an unmasked update."""
+aggregator alone, the survivors' reveals; it never sees a masking key or an unmasked update. A round's
+messages are kept only until the round they aggregate is published (``discard``)."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, Lease, Task
@@ -76,3 +77,12 @@ def _read(session: Session, job_id: str, round_: int, after: int = -1) -> list[m
         )
         for r in session.scalars(query.order_by(Row.id))
     ]
+
+
+def discard(session: Session, job_id: str, before: int | None = None) -> None:
+    """Delete the job's messages of rounds before ``before`` (all of them when None): a round's messages
+    serve only the aggregation that publishes the next, and nothing reads them after."""
+    query = delete(Row).where(Row.job_id == job_id)
+    if before is not None:
+        query = query.where(Row.round < before)
+    session.execute(query)

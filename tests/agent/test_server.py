@@ -74,12 +74,13 @@ class _Coordinator:
         self.posts.append((time.monotonic(), [f"{e.kind}:{e.token}" for e in events]))
 
 
-def _sent(coordinator: _Coordinator, events: list[tuple[RelayEvent, bool]], gap_s: float) -> None:
-    """``events`` (each with whether a client waits on it) put in a replica's outbox ``gap_s`` apart."""
+def _sent(coordinator: _Coordinator, events: list[tuple[RelayEvent, bool]], gaps_s: list[float]) -> None:
+    """``events`` (each with whether a client waits on it) put in a replica's outbox, each followed by its
+    gap in ``gaps_s``."""
     replica = Replica(backend=None, sender=coordinator)  # type: ignore[arg-type]  # only sends here
     sending = threading.Thread(target=replica._send)
     sending.start()
-    for event in events:
+    for event, gap_s in zip(events, gaps_s, strict=True):
         replica._outbox.put(event)
         time.sleep(gap_s)
     replica._outbox.put(None)
@@ -90,23 +91,27 @@ def _all(coordinator: _Coordinator) -> list[str]:
     return list(itertools.chain.from_iterable(what for _, what in coordinator.posts))
 
 
-def test_a_replica_posts_tokens_together_but_what_a_client_waits_on_at_once():
+def test_a_replica_posts_tokens_together_but_what_a_client_waits_on_at_once(monkeypatch):
+    interval = 0.3  # long beside a loaded machine's scheduling delays, which once took a 2 ms test apart
+    monkeypatch.setattr("gpuflex.agent.server.POST_INTERVAL_S", interval)
     started = RelayEvent(id="r", kind="started")
-    tokens = [RelayEvent(id="r", kind="token", token=i) for i in range(40)]
+    tokens = [RelayEvent(id="r", kind="token", token=i) for i in range(100)]
     done = RelayEvent(id="r", kind="done")
     coordinator = _Coordinator()
     stream = [(started, False), (tokens[0], True)] + [(t, False) for t in tokens[1:]] + [(done, True)]
-    _sent(coordinator, stream, gap_s=0.002)  # a token every 2 ms: 40 in 80 ms
+    # the first token half an interval before the next: a sender that held it for its interval would
+    # carry more with it; then a token every 10 ms, 99 in about a second
+    _sent(coordinator, stream, gaps_s=[0, interval / 2] + [0.01] * (len(stream) - 2))
     posts = [what for _, what in coordinator.posts]
     assert posts[0] == ["started:None", "token:0"]  # the first token at once, with its start
     assert _all(coordinator) == [f"{e.kind}:{e.token}" for e, _ in stream]  # each once, in order
     assert any(len(p) > 1 for p in posts[1:])  # tokens drawn within an interval go together
     gaps = [b - a for (a, _), (b, _) in itertools.pairwise(coordinator.posts[:-1])]
-    assert min(gaps) >= POST_INTERVAL_S * 0.9
+    assert min(gaps) >= interval * 0.9
 
 
 def test_events_a_rate_limited_post_carried_are_sent_again():
     coordinator = _Coordinator(refuse=2)
     events = [(RelayEvent(id="r", kind="token", token=i), True) for i in range(3)]
-    _sent(coordinator, events, gap_s=0.0)
+    _sent(coordinator, events, gaps_s=[0.0] * len(events))
     assert _all(coordinator) == ["token:0", "token:1", "token:2"]

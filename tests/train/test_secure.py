@@ -20,6 +20,7 @@ from gpuflex.train.secure import (
     Roster,
     SecureWorker,
     Session,
+    _Mailbox,
     agreed_grid,
     next_ranges,
     pack_masked,
@@ -205,3 +206,17 @@ def test_masked_words_pack_to_their_bits_and_back(bits):
     assert attempt == 3 and np.array_equal(back, words)
     with pytest.raises(BadRequest, match="not a masked vector of 1000 values"):
         unpack_masked(blob, 1000, bits)
+
+
+def test_a_task_reads_soon_after_its_own_post_and_backs_off_to_its_poll_interval():
+    hub = LocalTransport(rounds=1, live_workers=3, task_id="agg")
+    box = _Mailbox(hub, poll_interval_s=0.08, should_stop=lambda: False)
+    waits = []
+    for _ in range(2):  # idle, it reads once a poll interval
+        waits.append(box.wait_s)
+        box.pause()
+    box.post(0, 0, "roster", {"tasks": ["t-a", "t-b", "t-c"]})  # an answer to this is due soon
+    for _ in range(5):
+        waits.append(box.wait_s)
+        box.pause()
+    assert waits == pytest.approx([0.08, 0.08, 0.01, 0.02, 0.04, 0.08, 0.08])

@@ -85,6 +85,7 @@ GRID_CODECS = frozenset({"int8", "int4", "int2"})  # the compressions whose owne
 GRID_LEVELS = 127  # its levels each way of zero for the sum: an int8 code's (fewer cost int4 its loss)
 HEADROOM = 2.0  # a tensor's range: this many times the largest value of its last average
 SHRINK = 16.0  # but at least its last range over this (an average the grid rounded to zero shrinks it)
+HURRY = 8  # after its own post a task first waits 1/HURRY of its poll interval (``_Mailbox``)
 _MAGIC = b"GFSA"
 _HEADER = struct.Struct(">4sH")  # magic, attempt
 
@@ -243,18 +244,33 @@ def _of(messages: list[SecAggMessage], attempt: int, kind: SecAggKind) -> dict[s
 
 @dataclass
 class _Mailbox:
-    """One task's side of the relay: post, read, and wait between reads."""
+    """One task's side of the relay: post, read, and wait between reads.
+
+    The waits start short after the task's own post or upload (``hurry``), since that is when an answer is
+    due (the reveals after the aggregator's request, the request after the round's last masked upload),
+    and double up to ``poll_interval_s``: the unmask round trip sits on the round's critical path, and a
+    task that just asked should not sleep a whole interval before it looks for the answer; it costs a few
+    more reads per round.
+    """
 
     transport: Transport
     poll_interval_s: float
     should_stop: Callable[[], bool]
     seen: dict[int, list[SecAggMessage]] = field(default_factory=dict)  # by round: what was read so far
     lock: threading.Lock = field(default_factory=threading.Lock)  # a worker reads from two threads
+    wait_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.wait_s = self.poll_interval_s
 
     def post(self, round: int, attempt: int, kind: SecAggKind, body: dict, to: str = "*") -> None:
         self.transport.post_secagg(
             SecAggPost(round=round, attempt=attempt, kind=kind, to=to, body=json.dumps(body))
         )
+        self.hurry()
+
+    def hurry(self) -> None:
+        self.wait_s = self.poll_interval_s / HURRY
 
     def read(self, round: int) -> list[SecAggMessage]:
         """Every message of ``round`` this task may read; only the new ones cross the wire."""
@@ -269,7 +285,8 @@ class _Mailbox:
         return latest is not None and (latest.round > round or latest.finished)
 
     def pause(self) -> None:
-        time.sleep(self.poll_interval_s)
+        time.sleep(self.wait_s)
+        self.wait_s = min(2 * self.wait_s, self.poll_interval_s)
 
 
 @dataclass
@@ -399,6 +416,7 @@ class SecureWorker:
     def reveal(self, session: Session) -> None:
         """Step 4: answer the aggregator's request for this attempt, once; gives up when the round closes."""
         box, round = self.mailbox, session.round
+        box.hurry()  # its masked update is up: it may be the round's last
         while not box.should_stop() and not box.closed(round):
             requests = _of(box.read(round), session.roster.attempt, "request")
             if requests:

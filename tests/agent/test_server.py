@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from gpuflex.agent.server import POST_INTERVAL_S, Replica, served_directory
+from gpuflex.agent.server import Replica, served_directory
 from gpuflex.errors import RateLimited
 from gpuflex.protocol.deployment import DeployedModel
 from gpuflex.protocol.relay import RelayEvent

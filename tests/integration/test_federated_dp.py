@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from gpuflex.localnet import LocalNetwork
 from gpuflex.privacy.dp import Accountant
@@ -44,7 +45,18 @@ def test_dp_jobs_account_epsilon_by_round_and_stop_before_passing_their_target(t
     )
     with LocalNetwork(tmp_path / "net", settings=FAST_LIVENESS) as net:
         lab, token = _start(net, prepared)
-        ids = [lab.submit(spec).id for spec in (within, capped)]
+        spec_file = tmp_path / "capped.yaml"  # one through the CLI, as a user submits
+        spec_file.write_text(yaml.safe_dump(capped.model_dump(mode="json", by_alias=True, exclude_none=True)))
+        submitted = subprocess.run(
+            [sys.executable, "-m", "gpuflex", "submit", str(spec_file), "--url", net.url, "--token", token],
+            capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, check=True,
+        ).stdout  # fmt: skip
+        # 2 owners, noise multiplier 2: the noise on an average outweighs it, and the submitter is told
+        warning = re.search(
+            r"privacy\.dp: warning: .* times the clip 0\.5 .*with 2 owners the model may", submitted
+        )
+        assert warning, submitted
+        ids = [lab.submit(within).id, re.search(r"submitted job (j-\w+)", submitted).group(1)]
         jobs = [
             wait_for(lambda i=i: (j := lab.job(i)).state in TERMINAL and j, 240, "a job to end") for i in ids
         ]

@@ -116,6 +116,16 @@ def test_without_delta_nothing_is_accounted_and_every_round_runs():
     assert rounds_run(None, 7) == 7 and rounds_run(for_job(spec.privacy.dp, 7), 7) == 7
 
 
+def test_noise_that_outweighs_the_clipped_average_is_said_at_submit_and_enough_owners_silence_it():
+    spec = _job({"clip": 0.5, "noise_multiplier": 1.0})  # char-gpt's default shape: 254,592 parameters
+    few = ledger.noise_warning(spec, [1000, 2000, 1000])  # std z·C·max w/Σw = 0.25: norm 0.25·√254,592
+    assert few is not None and few.startswith("privacy.dp: warning: ")
+    assert "noise of std 0.25 on each of its 254,592 parameters, a norm about 252 times the clip 0.5" in few
+    assert "with 3 owners the model may learn little or diverge" in few
+    assert ledger.noise_warning(spec, [1] * 600) is None  # std 0.5/600: a norm of 0.42, under the clip's 0.5
+    assert "about 1.3 times the clip" in ledger.noise_warning(spec, [1] * 400)  # 0.5/400: a norm of 0.63
+
+
 def test_the_noise_is_calibrated_to_the_largest_owners_share_of_the_weight():
     z, c = 1.5, 0.2
     assert mean_noise_std(c, z, [1, 1, 1, 1]) == pytest.approx(z * c / 4)  # equal weights: z C / n

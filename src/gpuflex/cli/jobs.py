@@ -141,6 +141,10 @@ def submit(
     console.print(
         f"submitted job [bold]{job.id}[/] ({job.name}); budget {credits(job.budget)} credits in escrow"
     )
+    if spec.privacy.dp is not None:  # what the coordinator found of the noise, once it knew the owners
+        for event in client.logs(job.id):
+            if event.message.startswith("privacy.dp: warning"):
+                console.print(event.message, style="yellow", highlight=False)
     if unplaced:
         console.print(unplaced[0], style="yellow", highlight=False)
         for why in unplaced[1:]:

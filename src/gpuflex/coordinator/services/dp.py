@@ -9,7 +9,11 @@ within it, and its log says so.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from gpuflex.errors import SpecError
+from gpuflex.market.pricing import trained_count
 from gpuflex.privacy import dp
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
@@ -84,6 +88,28 @@ def submitted(spec: JobSpec) -> str | None:
             f"the job stops after round {rounds}"
         )
     return line
+
+
+def noise_warning(spec: JobSpec, weights: Sequence[int]) -> str | None:
+    """A line for the job's log and its submitter when the noise on each round's average outweighs the
+    average itself (None when it does not, or the model's size is unknown). The clip bounds the average's
+    norm; the noise's norm grows with the square root of the parameters and shrinks only with more owners,
+    so client-level DP among a handful of owners drowns the update, and the model learns little or
+    diverges: better said before the budget is spent than found in the losses."""
+    p, parameters = plan(spec), trained_count(spec.training)
+    if p is None or parameters is None or not weights:
+        return None
+    std = dp.mean_noise_std(p.clip, p.noise_multiplier, [float(w) for w in weights])
+    ratio = std * math.sqrt(parameters) / p.clip
+    if ratio <= 1:
+        return None
+    times = f"{ratio:.1f}" if ratio < 10 else f"{ratio:.0f}"
+    return (
+        f"privacy.dp: warning: each round's average gets noise of std {std:.3g} on each of its "
+        f"{parameters:,} parameters, a norm about {times} times the clip {p.clip:g} that bounds the "
+        f"average itself: with {len(weights)} owners the model may learn little or diverge (the noise "
+        "shrinks with the owners' count; client-level DP is made for many owners)"
+    )
 
 
 def stopped(spec: JobSpec, round_: int) -> str | None:

@@ -345,7 +345,7 @@ def verdict_table(verdicts: list[Verdict], what: str = "round") -> Group:
 @job_app.command("logs")
 def logs(job_id: JobId, url: Url = None, token: Token = None) -> None:
     """A job's event log: placements, leases, rounds, failures, and its tasks' own lines, each headed by
-    who wrote it (``[worker 1 on NAME (NODE_ID)]``)."""
+    who wrote it (`\\[worker 1 on NAME (NODE_ID)]`)."""
     print_events(consumer_client(url, token).logs(job_id))
 
 

@@ -122,8 +122,9 @@ def test_noise_that_outweighs_the_clipped_average_is_said_at_submit_and_enough_o
     assert few is not None and few.startswith("privacy.dp: warning: ")
     assert "noise of std 0.25 on each of its 254,592 parameters, a norm about 252 times the clip 0.5" in few
     assert "with 3 owners the model may learn little or diverge" in few
-    assert ledger.noise_warning(spec, [1] * 600) is None  # std 0.5/600: a norm of 0.42, under the clip's 0.5
-    assert "about 1.3 times the clip" in ledger.noise_warning(spec, [1] * 400)  # 0.5/400: a norm of 0.63
+    assert "about 10 times the clip" in ledger.noise_warning(spec, [1] * 50)  # std 0.5/50: a norm of 5.05
+    assert ledger.noise_warning(spec, [1] * 60) is None  # 0.5/60: a norm of 4.2, 8.4 times the clip: some
+    # noise averages out over the rounds' momentum
 
 
 def test_the_noise_is_calibrated_to_the_largest_owners_share_of_the_weight():

@@ -18,7 +18,6 @@ from gpuflex.privacy import dp
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 
-
 # the noise's norm over the clip from which submit warns: the momentum of the outer steps averages noise out
 # over rounds, so some is harmless (3 owners of char-gpt trained at 1.8 and diverged from round 3 at 44)
 NOISE_WARNING_RATIO = 10.0

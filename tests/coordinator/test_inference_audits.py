@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuflex.auth.signing import node_id_for
 from gpuflex.cli.deploy import upload_served_model
 from gpuflex.coordinator.services import inference_audits
 from gpuflex.errors import Conflict, Forbidden, NotFound
@@ -129,3 +130,54 @@ def test_a_failed_audit_slashes_bars_and_replaces_the_replica_once_and_a_pass_co
     replacement = served.coordinator.node("n2", price=0.2).lease()  # placed again, never on n1
     assert replacement is not None and replacement.task_id == n1.task_id and replacement.epoch == 2
     assert served.nodes[1].lease() is None
+
+
+def _id(node) -> str:
+    return node_id_for(node.key.public_key_hex)
+
+
+def test_a_community_auditors_failed_finding_convicts_no_one_until_a_core_node_finds_the_same(served):
+    served.core.leave()
+    n0, n1 = served.nodes
+    served.serve(1)  # n1's request: n0 audits it
+    (audit,) = n0.claim_inference_audits(4).audits
+    n0.report_inference_finding(audit.id, FAILED)
+    n0.report_inference_finding(audit.id, FAILED)  # its retry: the accusation stands, nothing more
+    shown = served.alice.deployment(served.deployment)
+    assert shown.audits == m.InferenceAuditCounts(referee=1) and shown.verdicts == []
+    assert n1.wallet().stake == pytest.approx(2.0)  # nobody slashed on one provider's word
+    log = [e.message for e in served.alice.deployment_logs(served.deployment)]
+    assert any("a community auditor convicts no one alone: a core node referees it" in x for x in log), log
+    assert n0.claim_inference_audits(4).audits == [] and n1.claim_inference_audits(4).audits == []
+
+    referee = served.coordinator.node("core2", core=True)
+    (again,) = referee.claim_inference_audits(4).audits  # only a core node may claim it now
+    assert again.id == audit.id
+    referee.report_inference_finding(audit.id, FAILED)
+    shown = served.alice.deployment(served.deployment)
+    assert shown.audits == m.InferenceAuditCounts(failed=1)
+    (verdict,) = shown.verdicts
+    assert verdict.node_id == _id(n1) and verdict.task_id == served.grants[1].task_id
+    assert verdict.evidence["accuser"] == _id(n0) and verdict.evidence["auditor"] == _id(referee)
+    assert n1.wallet().stake == pytest.approx(1.0)
+
+
+def test_an_accusation_a_core_nodes_check_refutes_convicts_the_accuser(served):
+    served.core.leave()
+    n0, n1 = served.nodes
+    served.serve(0)  # n0's request: n1 (staked) audits it, and lies
+    (audit,) = n1.claim_inference_audits(4).audits
+    n1.report_inference_finding(audit.id, FAILED)
+    referee = served.coordinator.node("core2", core=True)
+    referee.claim_inference_audits(4)
+    referee.report_inference_finding(audit.id, PASSED)
+
+    shown = served.alice.deployment(served.deployment)
+    assert shown.audits == m.InferenceAuditCounts(passed=1)
+    (verdict,) = shown.verdicts  # on the accuser, for the replica it serves; n0 is not touched
+    assert (verdict.node_id, verdict.task_id) == (_id(n1), served.grants[1].task_id)
+    assert "its failed finding on audit 1 of n0's replica" in verdict.reason
+    assert "did not hold: a core node's check passed" in verdict.reason
+    assert n1.wallet().stake == pytest.approx(1.0)
+    assert served.grants[1].lease_id in n1.heartbeat(held(served.grants[1])).revoked
+    assert served.grants[0].lease_id not in n0.heartbeat(held(served.grants[0])).revoked

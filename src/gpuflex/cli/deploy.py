@@ -152,7 +152,8 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     a = d.audits
     console.print(
         f"inference audits (audit_rate {d.spec.audit_rate:g}): {a.passed} passed, {a.failed} failed, "
-        f"{a.pending} pending",
+        f"{a.pending} pending"
+        + (f", {a.referee} failed by a community auditor (a core node referees)" if a.referee else ""),
         highlight=False,
     )
     if d.verdicts:

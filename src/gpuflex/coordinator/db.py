@@ -267,11 +267,14 @@ class InferenceAudit(Base):
         JSON
     )  # temperature, top_p, seed (up to 2**64 - 1: JSON, not a column)
     fingerprints: Mapped[list] = mapped_column(JSON)  # base64, as sent
-    state: Mapped[str] = mapped_column(String(16))  # pending | passed | failed
+    state: Mapped[str] = mapped_column(String(16))  # pending | referee | passed | failed
     auditor_node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), nullable=True)
     claimed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     reason: Mapped[str] = mapped_column(Text, default="")
     numbers: Mapped[dict] = mapped_column(JSON, default=dict)
+    # a community auditor's failed finding, which convicts no one until a core node referees it
+    accuser_node_id: Mapped[str | None] = mapped_column(ForeignKey("nodes.id"), nullable=True)
+    accusation: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # its reason and numbers
     created_at: Mapped[float] = mapped_column(Float)
     judged_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 

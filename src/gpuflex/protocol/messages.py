@@ -871,9 +871,11 @@ class InferenceFinding(Message):
 
 
 class InferenceAuditCounts(Message):
-    """A deployment's inference audits by state."""
+    """A deployment's inference audits by state; ``referee``: failed by a community auditor, waiting for a
+    core node's second look before anyone is convicted."""
 
     pending: int = 0
+    referee: int = 0
     passed: int = 0
     failed: int = 0
 

@@ -12,6 +12,13 @@ replica on another node. It re-runs the prefill of prompt + output on its own co
 (``serve.verify``) and posts its finding (``judge``), signed too. A claim not judged within ``CLAIM_S``
 goes to the next auditor that asks.
 
+A community auditor is itself a provider, so its failed finding convicts no one alone: it is an
+accusation (state ``referee``) that only a core node may claim next. If the core node's check fails too,
+the provider is convicted, with both findings as evidence; if it passes, the accuser is (it framed an
+honest replica, or serves so differently that its findings cannot be trusted). Until a core node comes
+online, the accused replica goes on serving: a false accusation costs the network an audit, not an
+honest provider its stake.
+
 A failed audit is a verdict like training's (``verification.convict``): the provider is slashed the
 deployment's ``slash`` credits (its held pay withheld), its failed audits count against its reputation,
 its lease on the replica ends and the replica is placed again, never on that node
@@ -27,7 +34,7 @@ import base64
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuflex.coordinator.db import InferenceAudit, Job, Lease, Node, Task, Verdict
+from gpuflex.coordinator.db import InferenceAudit, Job, JobEvent, Lease, Node, Task, Verdict
 from gpuflex.coordinator.services import specs, verification
 from gpuflex.coordinator.services.deployments import KIND, ROLE
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
@@ -75,8 +82,9 @@ def sample(session: Session, deployment_id: str, lease_id: str, done: Completion
 def claim(session: Session, node: Node, limit: int, now: float) -> m.InferenceAuditList:
     """Hand ``node`` up to ``limit`` pending audits it may judge (see the module's rules), oldest first
     (``InferenceAuditClaim`` bounds ``limit``)."""
+    claimable = ("pending", "referee") if node.kind == "core" else ("pending",)
     scope = [
-        InferenceAudit.state == "pending",
+        InferenceAudit.state.in_(claimable),
         InferenceAudit.node_id != node.id,
         (InferenceAudit.auditor_node_id.is_(None))
         | (InferenceAudit.auditor_node_id == node.id)
@@ -125,39 +133,87 @@ def judge(session: Session, auditor: Node, audit_id: int, finding: m.InferenceFi
     row = session.get(InferenceAudit, audit_id, with_for_update=True)
     if row is None:
         raise NotFound(f"no inference audit {audit_id}")
+    if row.accuser_node_id == auditor.id and not finding.ok:
+        return  # its accusation again (a retry): it stands, for a core node to referee
     if row.auditor_node_id != auditor.id:
         raise Forbidden(f"inference audit {audit_id} is not claimed by this node: claim it first")
     state = "passed" if finding.ok else "failed"
-    if row.state != "pending":
+    if row.state not in ("pending", "referee"):
         if row.state != state:
             raise Conflict(f"inference audit {audit_id} was already judged {row.state}")
         return
+    if not finding.ok and auditor.kind != "core":
+        _accuse(session, row, auditor, finding, now)
+        return
+    accuser = session.get(Node, row.accuser_node_id) if row.state == "referee" else None
     row.state, row.reason, row.numbers, row.judged_at = state, finding.reason, dict(finding.numbers), now
     node = session.get(Node, row.node_id, with_for_update=True)
     if finding.ok:
         node.audits_passed += 1
+        if accuser is not None:
+            reason = (
+                f"its failed finding on audit {row.id} of {node.name}'s replica ({row.accusation['reason']}) "
+                f"did not hold: a core node's check passed ({finding.reason})"
+            )
+            _convict(session, row, accuser, _accuser_task(session, row), reason, finding, auditor, now)
         return
+    _convict(session, row, node, row.task_id, finding.reason, finding, auditor, now)
+
+
+def _accuse(
+    session: Session, row: InferenceAudit, accuser: Node, finding: m.InferenceFinding, now: float
+) -> None:
+    """A community auditor's failed finding: kept, and the audit waits for a core node to referee it."""
+    row.state, row.accuser_node_id, row.auditor_node_id, row.claimed_at = "referee", accuser.id, None, None
+    row.accusation = {"reason": finding.reason, "numbers": dict(finding.numbers)}
+    message = (
+        f"audit {row.id}: {accuser.name} ({accuser.id}) found {row.node_id}'s replica failing "
+        f"({finding.reason}); a community auditor convicts no one alone: a core node referees it"
+    )
+    session.add(JobEvent(job_id=row.job_id, at=now, message=message))
+
+
+def _accuser_task(session: Session, row: InferenceAudit) -> str:
+    """The accuser's replica task on the deployment (its newest lease's): a community auditor serves one."""
+    query = select(Lease.task_id).where(Lease.job_id == row.job_id, Lease.node_id == row.accuser_node_id)
+    return session.scalars(query.order_by(Lease.granted_at.desc()).limit(1)).one()
+
+
+def _convict(
+    session: Session,
+    row: InferenceAudit,
+    node: Node,
+    task_id: str,
+    reason: str,
+    finding: m.InferenceFinding,
+    auditor: Node,
+    now: float,
+) -> None:
+    """A verdict on ``node`` for audit ``row``, once per node and deployment (a node barred already is not
+    slashed again); the evidence is the deciding finding's numbers, and the accusation's if there was one."""
     convicted = select(Verdict.id).where(
         Verdict.job_id == row.job_id, Verdict.node_id == node.id, Verdict.guilty
     )
     if session.scalars(convicted).first() is not None:
-        return  # one verdict a node and deployment: barred already
+        return
     deployment = session.get(Job, row.job_id, with_for_update=True)
-    evidence = dict(list(finding.numbers.items())[: verification.EVIDENCE_ITEMS - 2])
+    evidence = dict(list(finding.numbers.items())[: verification.EVIDENCE_ITEMS - 3])
     evidence |= {"audit": row.id, "auditor": auditor.id}
+    if row.accuser_node_id is not None:
+        evidence["accuser"] = row.accuser_node_id
     verdict = Verdict(
         job_id=row.job_id,
         round=row.id,
-        task_id=row.task_id,
+        task_id=task_id,
         node_id=node.id,
         guilty=True,
         check=CHECK,
-        reason=finding.reason,
+        reason=reason,
         evidence=evidence,
         slashed_micro=0,
         withheld_micro=0,
         at=now,
     )
     amount = to_micro(specs.deployment(deployment).slash)
-    verification.convict(session, deployment, row.task_id, node, verdict, amount, f"audit {row.id}", now)
+    verification.convict(session, deployment, task_id, node, verdict, amount, f"audit {row.id}", now)
     session.add(verdict)

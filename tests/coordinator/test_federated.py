@@ -205,3 +205,7 @@ def test_secure_aggregation_hands_its_tasks_the_threshold_and_weights_and_relays
     assert agg.secagg_messages(0).messages == []
     with coordinator.ctx.tx() as s:
         assert s.scalar(select(func.count()).select_from(SecAggMessage)) == 0
+    agg.post_secagg(m.SecAggPost(round=1, attempt=0, kind="roster", body=roster))  # the next round's
+    lab.cancel(job.id)  # nor once the job ends
+    with coordinator.ctx.tx() as s:
+        assert s.scalar(select(func.count()).select_from(SecAggMessage)) == 0

@@ -95,13 +95,14 @@ def submitted(spec: JobSpec) -> str | None:
 
 
 def noise_warning(spec: JobSpec, weights: Sequence[int]) -> str | None:
-    """A line for the job's log and its submitter when the noise on each round's average outweighs the
-    average itself by ``NOISE_WARNING_RATIO`` or more (None when not, or the model's size is unknown).
-    The clip bounds the average's norm; the noise's norm grows with the square root of the parameters and
-    shrinks only with more owners, so client-level DP among a handful of owners drowns the update, and the
-    model learns little or diverges: better said before the budget is spent than found in the losses."""
+    """For a federated job whose owners weigh ``weights`` (tokens), a line for the job's log and its
+    submitter when the noise on each round's average outweighs the average itself by
+    ``NOISE_WARNING_RATIO`` or more (None when not, or the model's size is unknown). The clip bounds the
+    average's norm; the noise's norm grows with the square root of the parameters and shrinks only with
+    more owners, so client-level DP among a handful of owners drowns the update, and the model learns
+    little or diverges: better said before the budget is spent than found in the losses."""
     p, parameters = plan(spec), trained_count(spec.training)
-    if p is None or parameters is None or not weights:
+    if p is None or parameters is None:
         return None
     std = dp.mean_noise_std(p.clip, p.noise_multiplier, [float(w) for w in weights])
     ratio = std * math.sqrt(parameters) / p.clip

@@ -77,10 +77,9 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
     session.add(JobEvent(job_id=job.id, at=now, message=f"submitted by {account.name}; budget in escrow"))
     if privacy is not None:
         session.add(JobEvent(job_id=job.id, at=now, message=privacy))
-        weights = [o.dataset.tokens for o in owners.used] if owners is not None else []
-        if (warning := dp.noise_warning(spec, weights)) is not None:
-            session.add(JobEvent(job_id=job.id, at=now, message=warning))
     if owners is not None:
+        if (warning := dp.noise_warning(spec, [o.dataset.tokens for o in owners.used])) is not None:
+            session.add(JobEvent(job_id=job.id, at=now, message=warning))
         federated.add_tasks(session, job, owners, now)
         return job
     session.add(Task(id=new_id("t"), job_id=job.id, role="aggregator", index=0, state="pending"))

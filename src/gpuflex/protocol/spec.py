@@ -116,6 +116,17 @@ class ModelSize(_Strict):
     vocab: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
         None, description="the config's vocab_size: the ids a prepared dataset may hold"
     )
+    embeddings: Annotated[int, Field(ge=0, le=10**15)] | None = Field(
+        None,
+        description="parameters in the token embeddings and the output head (each tied tensor once): what a "
+        "quantized base keeps unquantized",
+    )
+    kv_width: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="key/value heads × head width: a layer's KV cache per token is 2 × kv_width values"
+    )
+    dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None, description="the dtype the weights are saved in (config.json's dtype)"
+    )
 
 
 class ModelSpec(_Strict):

@@ -74,7 +74,29 @@ def describe(root: Path, training: TrainingSpec) -> ModelSize:
         layers=_first(config, ("num_hidden_layers", "n_layer", "num_layers"), 1),
         hidden=_first(config, ("hidden_size", "n_embd", "d_model"), 1),
         vocab=getattr(config, "vocab_size", None),
+        embeddings=_embeddings(model),
+        kv_width=_kv_width(config),
+        dtype=_DTYPES.get(str(getattr(config, "dtype", None) or "").removeprefix("torch.")),
     )
+
+
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _embeddings(model: torch.nn.Module) -> int:
+    """Parameters of the token embeddings and the output head, a tied pair once."""
+    tables = {id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings())}
+    return sum(w.numel() for w in tables.values())
+
+
+def _kv_width(config: object) -> int | None:
+    """A layer's keys per token (grouped-query attention's fewer heads counted): its KV cache's width."""
+    hidden = _first(config, ("hidden_size", "n_embd", "d_model"), 0)
+    heads = _first(config, ("num_attention_heads", "n_head"), 0)
+    if not hidden or not heads:
+        return None
+    head_dim = _first(config, ("head_dim",), hidden // heads)
+    return _first(config, ("num_key_value_heads",), heads) * head_dim
 
 
 def _first(config: object, names: tuple[str, ...], default: int) -> int:

@@ -59,7 +59,6 @@ from gpuflex.testing import small_job, write_corpus
 from gpuflex.train import adversaries
 from gpuflex.train.corpus import build_corpus
 from gpuflex.train.drill import LATE, Drill
-from gpuflex.train.recipes import evaluate
 
 DEFAULT_RATE = VerificationSpec().audit_rate  # what a job audits unless it says otherwise (0.05)
 SEGMENTS = 32  # trace hashes per round: an audit re-runs 1/32 of a round; 32 hashes keep a commitment < 1 KB
@@ -216,7 +215,7 @@ def run_job(
         for worker in first_cheat.keys() - detected.keys():
             kind = str(kinds[worker])
             tally.never_caught[kind] = tally.never_caught.get(kind, 0) + 1
-    return evaluate(drill.recipe, drill.global_.model, drill.data[0].validation) or float("nan")
+    return drill.validation_loss() or float("nan")
 
 
 def _cheats(kind: str | None, round: int) -> bool:

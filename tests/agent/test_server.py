@@ -36,17 +36,17 @@ def test_a_jobs_lora_checkpoint_is_served_merged_over_the_directory_it_tuned(tmp
     spec = {"recipe": "hf-causal-lm", "model": {"from": str(model_dir)}, "lora": LORA}
     training, bundle, parts = bundle_model(model_dir, TrainingSpec.model_validate(spec), 64 * 1024)
     blobs = {p.sha256: p.read() for p in parts} | {sha256(bundle.to_bytes()): bundle.to_bytes()}
-    replica = GlobalReplica(
-        build_model(training, get_recipe("hf-causal-lm").from_directory(model_dir)), training
-    )
+    model = build_model(training, get_recipe("hf-causal-lm").from_directory(model_dir))
+    replica = GlobalReplica(model, training)
     with torch.no_grad():
         for p in replica.parameters().values():
             p.normal_(0, 0.2)  # adapters that change the answers
     checkpoint = replica.to_bytes()
     blobs[sha256(checkpoint)] = checkpoint
     ids = torch.tensor([[5, 9, 12, 7]])
+    replica.write_to(model)
     with torch.no_grad():
-        tuned = replica.model.eval()(input_ids=ids).logits
+        tuned = model.eval()(input_ids=ids).logits
     from_job = DeployedModel(
         job="j-1", checkpoint=sha256(checkpoint), training=training, size=training.model.size
     )

@@ -283,6 +283,7 @@ offers_st = st.lists(
         gpus=st.lists(st.sampled_from(["NVIDIA A100", "RTX 4090", "H100 SXM", "cpu"]), max_size=2).map(tuple),
         region=st.sampled_from(["eu", "us"]),
         reliability=st.floats(0, 1),
+        kernels=st.sampled_from([(), ("nf4", "int8", "adamw8bit"), ("adamw8bit",)]),
     ),
     max_size=12,
     unique_by=lambda o: o.node_id,
@@ -298,6 +299,8 @@ reqs_st = st.builds(
     min_core_workers=st.integers(0, 4),
     core_fallback=st.booleans(),
     gpu_vram_gb=st.sampled_from([0.0, 12.0, 30.0]),
+    devices=st.sampled_from([1, 2]),
+    kernels=st.sampled_from([(), ("nf4",), ("adamw8bit",)]),
 )
 
 

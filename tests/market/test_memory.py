@@ -1,10 +1,44 @@
 """The market's VRAM estimate: asked of GPU nodes when resources.min_vram_gb is unset, never of CPU nodes."""
 
+from dataclasses import replace
+
 import pytest
 
 from gpuflex.market.matching import NodeOffer, Requirements, unmet
-from gpuflex.market.memory import vram_estimate_gb
-from gpuflex.protocol.spec import parse_job_spec
+from gpuflex.market.memory import (
+    LOSS_BYTES,
+    MARGIN,
+    OVERHEAD_GB,
+    vram_estimate_gb,
+    ways_to_fit,
+    worker_memory,
+)
+from gpuflex.market.quotes import quote
+from gpuflex.protocol.spec import ModelSize, TrainingSpec, parse_job_spec
+
+SIZE_FULL = ModelSize(parameters=1_000_000_000, trainable=1_000_000_000, layers=24, hidden=2048)
+# the shapes of Llama-3-8B (its LoRA r 16 on q/k/v/o: 13.6M adapters), Llama-3.2-1B and Llama-2-70B
+LLAMA_8B = dict(parameters=8_030_261_248, layers=32, hidden=4096, vocab=128_256, embeddings=1_050_673_152)
+LLAMA_1B = dict(parameters=1_235_814_400, layers=16, hidden=2048, vocab=128_256, embeddings=262_668_288)
+LLAMA_70B = dict(parameters=68_976_648_192, layers=80, hidden=8192, vocab=32_000, embeddings=524_288_000)
+ADAPTERS = {
+    "8B": 13_631_488,
+    "70B": 2 * 16 * 80 * (8192 + 8192 + 8192 + 1024 + 8192 + 1024 + 8192 + 8192) // 2,
+}
+
+
+def table_job(size: dict, **training) -> TrainingSpec:
+    lora = training.get("lora") is not None
+    trainable = (ADAPTERS["70B"] if size is LLAMA_70B else ADAPTERS["8B"]) if lora else size["parameters"]
+    fields = {
+        "recipe": "hf-causal-lm",
+        "model": {"from": "./m", "size": {**size, "trainable": trainable}, "block_size": 1024},
+        "precision": "bf16",
+        "batch_size": 4,
+        "gradient_checkpointing": True,
+        **training,
+    }
+    return TrainingSpec.model_validate(fields)
 
 
 def job(**resources):
@@ -39,16 +73,56 @@ def gpu(vram: float, gpus=("RTX 4090",)) -> NodeOffer:
 def test_the_estimate_grows_with_size_precision_and_shrinks_with_lora_and_checkpointing():
     lora = job().training
     estimate = vram_estimate_gb(lora)
-    # 2 fp32 copies of 1e9 weights, the adapters' state, 8 x 1024 tokens x 24 layers x 2048 x 34 bytes
+    # the bf16 base once; fp32 adapters, their gradients and moments; activations of 8 x 1024 tokens x 24
+    # layers x 2048 x 34 bytes; one 1,024-token chunk of the loss over the 256 bytes and the hidden
+    # states' gradient; the margin and a CUDA context
+    frozen, adapters = 2 * (1e9 - 4e6), 16 * 4e6
+    activations, loss = 8 * 1024 * 24 * 2048 * 34, 1024 * 256 * LOSS_BYTES + 8 * 1024 * 2048 * 4
     assert estimate == pytest.approx(
-        ((8e9 + 112 * 4e6 + 8 * 1024 * 24 * 2048 * 34) * 1.2 / 2**30 + 0.5), abs=0.1
+        (frozen + adapters + activations + loss) * MARGIN / 2**30 + OVERHEAD_GB, abs=0.1
     )
     full = lora.model_copy(update={"lora": None, "model": lora.model.model_copy(update={"size": None})})
     assert vram_estimate_gb(lora.model_copy(update={"precision": "fp32"})) > estimate
     assert vram_estimate_gb(lora.model_copy(update={"gradient_checkpointing": True})) < estimate
     assert vram_estimate_gb(lora.model_copy(update={"micro_batch_size": 2})) < estimate
+    assert vram_estimate_gb(lora.model_copy(update={"quantize_base": "nf4"})) < estimate - 1.3
     assert vram_estimate_gb(full) < 1  # the config's default shape: a tiny model
     assert vram_estimate_gb(lora.model_copy(update={"recipe": "user", "model": full.model})) is None
+
+
+def test_outer_state_is_counted_in_host_memory_and_never_on_the_device():
+    lora = job().training
+    memory = worker_memory(lora)
+    assert memory.host == pytest.approx((4 * 5 + 8) * 4e6)  # replica, momentum, residuals, delta; start
+    tuned = lora.model_copy(update={"lora": None})  # every weight trained: the same 1e9 parameters
+    tuned = tuned.model_copy(update={"model": tuned.model.model_copy(update={"size": SIZE_FULL})})
+    whole = worker_memory(tuned)
+    assert whole.trained == whole.gradients == 4e9 and whole.optimizer == 8e9 and whole.frozen == 0
+    assert worker_memory(tuned.model_copy(update={"optimizer_states": "8bit"})).optimizer < 2.1e9
+
+
+def test_the_issues_four_jobs_fit_the_cards_the_network_has():
+    """Llama-3-8B LoRA and QLoRA, a 1.2B full fine-tune (Llama-3.2-1B), micro-batches of 4 x 1,024 with
+    checkpointing in bf16; and a 70B QLoRA (Llama-2-70B) sharded over a node's two 24 GB cards."""
+    lora = {"r": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    assert vram_estimate_gb(table_job(LLAMA_8B, lora=lora)) <= 22
+    assert vram_estimate_gb(table_job(LLAMA_8B, lora=lora, quantize_base="nf4")) <= 12
+    assert vram_estimate_gb(table_job(LLAMA_1B)) <= 24
+    sharded = table_job(LLAMA_70B, lora=lora, quantize_base="nf4", local_devices=2, shard=True, batch_size=1)
+    assert 2 * vram_estimate_gb(sharded) < 48
+    assert vram_estimate_gb(sharded.model_copy(update={"shard": False, "local_devices": 1})) > 24
+
+
+def test_what_would_make_a_job_fit_is_found_and_named():
+    lora = {"r": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    tuned = table_job(LLAMA_8B, lora=lora, gradient_checkpointing=False)
+    ways = ways_to_fit(tuned, 24)
+    assert ways and ways[0].startswith("gradient_checkpointing: true (≈ ")
+    assert ways_to_fit(tuned, 12)[0].startswith("gradient_checkpointing: true and quantize_base: nf4")
+    full = table_job(LLAMA_8B)
+    assert any("lora" in way for way in ways_to_fit(full, 24))
+    assert any("shard: true" in way for way in ways_to_fit(table_job(LLAMA_1B), 16, gpus=2))
+    assert ways_to_fit(full, 1) == []
 
 
 def test_a_gpu_node_with_less_than_the_estimate_is_refused_and_a_cpu_node_is_not():
@@ -56,8 +130,49 @@ def test_a_gpu_node_with_less_than_the_estimate_is_refused_and_a_cpu_node_is_not
     estimate = vram_estimate_gb(spec.training)
     req = Requirements.from_spec(spec)
     assert req.gpu_vram_gb == estimate and req.min_vram_gb == 0
-    assert unmet(gpu(24), req) == [f"vram 24 GB < {estimate:g} GB (the job's estimated need)"]
-    assert unmet(gpu(80), req) == []
+    assert unmet(gpu(16), req) == [f"vram 16 GB < {estimate:g} GB (the job's estimated need)"]
+    assert unmet(gpu(24), req) == []
     assert unmet(gpu(0, gpus=()), req) == []  # a CPU node trains in its RAM
     chosen = Requirements.from_spec(job(min_vram_gb=16))
     assert chosen.gpu_vram_gb == 0 and unmet(gpu(24), chosen) == []
+
+
+def test_a_quantized_or_8bit_job_goes_only_to_nodes_that_run_its_kernels():
+    spec = job().model_copy(
+        update={
+            "training": job().training.model_copy(update={"quantize_base": "nf4", "optimizer_states": "8bit"})
+        }
+    )
+    req = Requirements.from_spec(spec)
+    assert req.kernels == ("nf4", "adamw8bit")
+    assert unmet(gpu(24), req) == ["runs no nf4, adamw8bit kernels (bitsandbytes on its device)"]
+    assert unmet(replace(gpu(24), kernels=("nf4", "int8", "adamw8bit")), req) == []
+
+
+def test_a_sharded_worker_needs_as_many_gpus_each_holding_its_share():
+    lora = {"r": 16, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    training = table_job(LLAMA_70B, lora=lora, quantize_base="nf4", local_devices=2, shard=True, batch_size=1)
+    spec = parse_job_spec({"name": "big", "training": training.model_dump(by_alias=True)})
+    req = Requirements.from_spec(spec)
+    kernels = ("nf4", "int8", "adamw8bit")
+    pair = replace(gpu(24, gpus=("RTX 4090", "RTX 4090")), kernels=kernels)
+    assert req.devices == 2 and req.gpu_vram_gb <= 24 and unmet(pair, req) == []
+    single = replace(gpu(24), kernels=kernels)
+    assert unmet(single, req) == ["1 GPU < 2 (the job's local_devices)"]
+    assert unmet(replace(single, vram_gb=0, gpus=()), req) == []  # a CPU node runs its ranks as processes
+
+
+def test_a_quote_says_when_no_online_gpu_holds_a_worker_and_what_would():
+    big = parse_job_spec({"name": "big", "training": table_job(LLAMA_8B).model_dump(by_alias=True)})
+    offers = [
+        replace(gpu(24), node_id="a", kind="core"),
+        replace(gpu(24), node_id="b"),
+        replace(gpu(24), node_id="c"),
+    ]
+    q = quote(big, offers)
+    assert not q.placeable and q.too_big is not None
+    assert q.too_big.startswith(f"a worker needs ≈ {q.vram_estimate_gb:g} GB of VRAM on its GPU")
+    assert "1 × 24 GB: it would fit with " in q.too_big and "lora" in q.too_big
+    assert q.host_estimate_gb > 100  # an 8B full fine-tune's outer state: 28 bytes a parameter in host memory
+    small = parse_job_spec({"name": "small", "training": job().training.model_dump(by_alias=True)})
+    assert quote(small, offers).too_big is None

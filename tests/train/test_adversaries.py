@@ -66,7 +66,7 @@ def test_a_shirker_of_one_segment_passes_every_screen_and_only_an_audit_of_that_
         judged, results = drill.round(0, lambda worker, c, segment=segment: segment)
         assert not any(j.guilty for j in judged[:4])
         assert results[4].steps == 8  # it claims every step
-        traced = results[0].segments[0].end
+        traced = results[0].trace.kept[1]
         assert any(k.startswith("momentum_buffer.") for k in traced) == (optimizer == "muon")
         findings[segment] = judged[4].verdict
     caught = [s for s, v in findings.items() if v.guilty]

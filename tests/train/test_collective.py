@@ -45,12 +45,13 @@ def _rank(rank: int, tmp: str, spec: TrainingSpec) -> None:
             opt.step(loss.item())
             opt.zero_grad()
             steps += 1
+        opt.replica.write_to(model)  # the global weights, which the replica holds in host memory
         result = {
             "steps": steps,
             "hash": opt.replica.state_hash(),
             "round": opt.replica.round,
             "before": before,
-            "after": evaluate(recipe, opt.replica.model, data.validation),
+            "after": evaluate(recipe, model, data.validation),
             "sent": transport.meter.stats.bytes_up,
             "received": transport.meter.stats.bytes_down,
             "waited": transport.meter.stats.wait_s,

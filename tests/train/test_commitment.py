@@ -10,6 +10,7 @@ from gpuflex.protocol.messages import TaskConfig
 from gpuflex.train.commitment import (
     TRACE_HEX,
     AuditState,
+    RoundTrace,
     Segment,
     params_hash,
     residual_hash,
@@ -79,7 +80,7 @@ def test_a_commitment_of_32_segments_fits_in_a_kilobyte(corpus):
     _, result = replica.seal(replica.train_round(start, 0, lambda: False))
     assert len(result.commitment.trace) == 32 and result.commitment.residual is not None
     assert len(result.commitment.model_dump_json()) <= 1024
-    assert [s.step for s in result.segments] == list(range(32))
+    assert len(result.trace.lrs) == 32 and set(result.trace.kept) == set(range(33))  # tiny: every state kept
 
 
 def test_trace_every_defaults_to_an_eighth_and_never_exceeds_64_hashes():
@@ -104,13 +105,31 @@ def test_an_audit_state_round_trips_and_a_foreign_blob_is_refused():
 
 def test_an_audit_state_of_several_segments_holds_each_boundary_once_and_steps_on():
     states = [{"p.w": torch.full((2,), float(i))} for i in range(4)]
-    segments = tuple(Segment(2 * i, states[i], states[i + 1], [0.1 * i, 0.2]) for i in range(3))
-    answer = AuditState.answer(segments, 1, {}, {}, count=5)  # clipped at the trace's end
+    trace = RoundTrace(2, ([0.0, 0.2], [0.1, 0.2], [0.2, 0.2]), dict(enumerate(states)))
+    answer = trace.answer(1, 5, {}, {})  # clipped at the trace's end
     back = AuditState.from_bytes(answer.to_bytes())
-    assert [s.step for s in back.segments] == [2, 4] and back.segment(4).lrs == [0.1 * 2, 0.2]
+    assert [s.step for s in back.segments] == [2, 4] and back.segment(4).lrs == [0.2, 0.2]
     torch.testing.assert_close(back.segment(4).start["p.w"], states[2]["p.w"])
     torch.testing.assert_close(back.final_state()["p.w"], states[3]["p.w"])  # the last segment's end
     torch.testing.assert_close(back.origin_params()["w"], states[0]["p.w"])
+    assert trace.answer(3, 1, {}, {}) is None
+
+
+def test_a_trace_re_derives_the_states_it_did_not_keep_from_the_nearest_it_kept():
+    states = [{"p.w": torch.full((2,), float(i))} for i in range(5)]
+    calls = []
+
+    def rerun(boundary, state, until):
+        calls.append((boundary, until))
+        return [states[b] for b in range(boundary + 1, until + 1)], states[4]
+
+    trace = RoundTrace(1, ([0.1],) * 4, {0: states[0], 2: states[2]}, rerun)
+    back = trace.answer(3, 1, {}, {})
+    assert calls == [(2, 3)] and [s.step for s in back.segments] == [3]  # from boundary 2, not the start
+    torch.testing.assert_close(back.segments[0].start["p.w"], states[3]["p.w"])
+    torch.testing.assert_close(back.final_state()["p.w"], states[4]["p.w"])  # the live final state
+    trace.answer(0, 1, {}, {})
+    assert calls[-1] == (0, 1)
 
 
 def test_sealing_commits_to_the_residual_compressed_with_and_audit_states_skip_what_they_hold(corpus):
@@ -125,7 +144,7 @@ def test_sealing_commits_to_the_residual_compressed_with_and_audit_states_skip_w
     _, second = replica.seal(replica.train_round(start, 1, lambda: False))
     assert second.residual is owed and second.commitment.residual == residual_hash(owed) != residual_hash({})
     assert second.commitment.residual_out == residual_hash(replica.feedback.residual) != residual_hash(owed)
-    final = second.segments[-1].end
+    final = second.trace.kept[3]
     for index in range(3):
         state = AuditState.from_bytes(second.audit_state(index))
         assert params_hash(state.final_state()) == params_hash(final)
@@ -133,3 +152,32 @@ def test_sealing_commits_to_the_residual_compressed_with_and_audit_states_skip_w
         assert (state.final == {}) == (index == 2) and (state.origin == {}) == (index == 0)
         assert params_hash(state.residual) == params_hash(owed)
     assert second.audit_state(3) is None
+
+
+@pytest.mark.parametrize("skip", [range(0), range(2, 4)])
+def test_a_worker_that_kept_only_the_start_answers_every_audit_as_one_that_kept_all(
+    corpus, monkeypatch, skip
+):
+    """Re-deriving a segment's start by re-running the steps before it gives the very bytes a worker that
+    kept every boundary uploads (a shirker's skipped steps skipped again), and the worker's model and
+    optimizer are left as they were: its next round is the same."""
+    spec = tiny_spec(inner_steps=6, verification={"trace_every": 2})
+    start = {n: p.detach().clone() for n, p in build_model(spec).named_parameters()}
+    keeper, rerunner = _replica(spec, corpus), _replica(spec, corpus)
+    monkeypatch.setattr("gpuflex.train.placement.SNAPSHOT_BUDGET", 0)
+    assert keeper.snapshot_stride() == 4 and rerunner.snapshot_stride() == 4  # the start alone: stride > 3
+    monkeypatch.undo()
+    kept = keeper.seal(keeper.train_round(start, 0, lambda: False, skip=skip))[1]
+    monkeypatch.setattr("gpuflex.train.placement.SNAPSHOT_BUDGET", 0)
+    rerun = rerunner.seal(rerunner.train_round(start, 0, lambda: False, skip=skip))[1]
+    assert set(kept.trace.kept) == {0, 1, 2, 3} and set(rerun.trace.kept) == {0}
+    assert rerun.commitment == kept.commitment
+    live = params_hash(training_state(rerunner.model, rerunner.optimizer))
+    for segment in range(3):
+        for count in (1, 2):
+            assert rerun.audit_state(segment, count) == kept.audit_state(segment, count)
+    assert params_hash(training_state(rerunner.model, rerunner.optimizer)) == live
+    assert (
+        rerunner.train_round(start, 1, lambda: False).commitment
+        == keeper.train_round(start, 1, lambda: False).commitment
+    )

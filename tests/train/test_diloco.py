@@ -9,6 +9,7 @@ import torch
 
 from gpuflex.protocol.messages import ContributionReceipt, ContributionSubmit
 from gpuflex.train import DiLoCo, LocalTransport, inner_optimizer
+from gpuflex.train.model import CharGPT
 
 from .helpers import Publisher, tiny_spec
 
@@ -38,7 +39,7 @@ def test_it_joins_at_the_global_weights_and_exchanges_every_inner_steps(optimize
     transport = _Recording(2, live_workers=1)
     transport.submitted = []
     publisher = Publisher(transport, spec)
-    model = type(publisher.replica.model)(spec.model)  # same architecture, different weights
+    model = CharGPT(spec.model)  # the recipe's architecture, other weights (no seed)
     inner = (
         torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd" else inner_optimizer(model, spec)
     )

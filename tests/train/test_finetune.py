@@ -162,8 +162,9 @@ def test_lora_exchanges_and_checkpoints_only_the_adapters(model_dir):
     other = GlobalReplica(build_model(spec, recipe), spec)
     other.load(replica.to_bytes())
     assert other.state_hash() == replica.state_hash()
-    full = GlobalReplica(build_model(spec_for(model_dir), recipe), spec_for(model_dir))
-    assert full.parameters().keys() == dict(full.model.named_parameters()).keys()
+    whole = build_model(spec_for(model_dir), recipe)
+    full = GlobalReplica(whole, spec_for(model_dir))
+    assert full.parameters().keys() == dict(whole.named_parameters()).keys()
 
 
 def test_micro_batches_add_up_to_the_batch_and_fp16_on_a_cpu_falls_back_to_fp32(model_dir):
@@ -216,11 +217,13 @@ def test_a_lora_checkpoint_exports_as_a_directory_transformers_loads(model_dir, 
 
     spec = spec_for(model_dir, lora=LORA, gradient_checkpointing=True)
     recipe = get_recipe("hf-causal-lm").from_directory(model_dir)
-    replica = GlobalReplica(build_model(spec, recipe), spec)
+    tuned = build_model(spec, recipe)
+    replica = GlobalReplica(tuned, spec)
     with torch.no_grad():
         for p in replica.parameters().values():
             p.normal_(0, 0.2)
-    tuned = replica.model.eval()
+    replica.write_to(tuned)
+    tuned.eval()
     out = export_hf(replica.to_bytes(), spec, model_dir, tmp_path / "out", merge=merge)
     assert (out / "tokenizer.json").is_file()
     assert (out / "adapter_config.json").is_file() != merge

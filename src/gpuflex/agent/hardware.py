@@ -8,17 +8,20 @@ importing this module stays cheap.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuflex.protocol.messages import GpuInfo, HardwareProfile
+from gpuflex.protocol.messages import GpuInfo, HardwareProfile, Kernel
 
 if TYPE_CHECKING:
     import torch
 
 GIB = 2**30
+BITSANDBYTES_CPU = (0, 50)  # the first release seen to run all of its kernels on a CPU
 CPUINFO = Path("/proc/cpuinfo")
 MEMINFO = Path("/proc/meminfo")
 
@@ -26,13 +29,29 @@ MEMINFO = Path("/proc/meminfo")
 def probe_hardware() -> HardwareProfile:
     """The profile of this machine; device is "cuda" when torch sees at least one GPU."""
     gpus = probe_gpus()
+    device = "cuda" if gpus else "cpu"
     return HardwareProfile(
         cpu_model=cpu_model(),
         cpu_cores=cpu_cores(),
         ram_gb=ram_gb(),
-        device="cuda" if gpus else "cpu",
+        device=device,
         gpus=gpus,
+        kernels=probe_kernels(device),
     )
+
+
+def probe_kernels(device: str) -> list[Kernel]:
+    """bitsandbytes' kernels tasks can run on ``device``: all of them where it is installed, on CUDA, and on
+    a CPU from the release whose CPU backend runs them (0.50: NF4 and int8 weights, 8-bit AdamW). Read from
+    the package's metadata: importing it takes seconds, which an agent's start should not pay."""
+    try:
+        version = importlib.metadata.version("bitsandbytes")
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    release = re.match(r"(\d+)\.(\d+)", version)
+    if device == "cuda" or (release is not None and tuple(map(int, release.groups())) >= BITSANDBYTES_CPU):
+        return ["nf4", "int8", "adamw8bit"]
+    return []
 
 
 def pick_device() -> torch.device:

@@ -133,10 +133,11 @@ def submit(
     goes on)."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
+    # before anything is uploaded or spent: what the job's first placement will find
+    unplaced = _unplaced(client, _sized(spec))
     key = data_keys.new_job_key() if spec.privacy.encrypt else None
     spec = upload_model(client, spec, key)
     inputs = upload_inputs(client, spec, key.seal if key is not None else None)
-    unplaced = _unplaced(client, spec)  # before submitting: what the job's first placement will find
     job = client.submit(spec, **inputs, sealed_key=key.sealed if key is not None else None)
     console.print(
         f"submitted job [bold]{job.id}[/] ({job.name}); budget {credits(job.budget)} credits in escrow"
@@ -166,6 +167,8 @@ def _unplaced(client: Client, spec: JobSpec) -> list[str]:
         q = client.quote(spec)
     except BadRequest:  # a user recipe without round_seconds is not quoted; `job show` tells placement
         return []
+    if q.too_big is not None and not q.placeable:
+        raise BadRequest(f"no online node can hold this job's workers: {q.too_big}")
     if not q.placeable:
         return ["the job waits: it cannot start now", *q.problems]
     if q.waiting:
@@ -182,19 +185,20 @@ def quote(
     token: Token = None,
 ) -> None:
     """What a job would cost and take if submitted now, and on which nodes; nothing is spent."""
-    spec = load_job_spec(spec_file)
-    if spec.training.model.from_ is not None:  # the market sizes the job by the model directory's counts
-        from gpuflex.train.pretrained import sized
-
-        spec = spec.model_copy(update={"training": sized(spec.training)})
+    spec = _sized(load_job_spec(spec_file))
     q = consumer_client(url, token).quote(spec)
     _warn_if_short(q)
     if q.vram_estimate_gb is not None and spec.resources.min_vram_gb is None:
+        devices = spec.training.local_devices
+        on = f" on each of {devices} GPUs" if devices > 1 else ""
         console.print(
-            f"memory: a worker on a GPU needs ≈ {q.vram_estimate_gb:.1f} GB of VRAM by the market's estimate "
+            f"memory: a worker on a GPU needs ≈ {q.vram_estimate_gb:.1f} GB of VRAM{on} by the market's "
+            f"estimate, and ≈ {q.host_estimate_gb or 0:.1f} GB of host memory "
             "(set resources.min_vram_gb to choose yourself)",
             highlight=False,
         )
+    if q.too_big is not None:
+        console.print(q.too_big, style="yellow", highlight=False)
     if not q.placeable:
         console.print("[bold yellow]the job cannot be placed now:[/]", highlight=False)
         for problem in q.problems:
@@ -227,6 +231,15 @@ def quote(
         )
     for assumption in q.assumptions:
         console.print(f"[dim]assumes {assumption}[/]", highlight=False)
+
+
+def _sized(spec: JobSpec) -> JobSpec:
+    """``spec`` with its model directory's counts (``model.from``), which the market sizes the job by."""
+    if spec.training.model.from_ is None:
+        return spec
+    from gpuflex.train.pretrained import sized
+
+    return spec.model_copy(update={"training": sized(spec.training)})
 
 
 def _warn_if_short(q: Quote) -> None:

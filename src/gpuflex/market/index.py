@@ -30,6 +30,8 @@ from gpuflex.market.matching import (
     WorkerPlacement,
     _accelerator,
     _available,
+    _devices,
+    _kernels,
     _price,
     _region,
     _tflops,
@@ -57,6 +59,8 @@ class OfferIndex:
         self.free = np.ones(len(self.offers), dtype=bool)
         self.regions, self.region = self._codes(o.region.casefold() for o in self.offers)
         self.gpu_sets, self.gpus = self._codes(o.gpus for o in self.offers)
+        self.gpu_count = self._column(lambda o: len(o.gpus))
+        self.kernel_sets, self.kernels = self._codes(o.kernels for o in self.offers)
 
     def __len__(self) -> int:
         return len(self.offers)
@@ -88,6 +92,13 @@ class OfferIndex:
             return ~(self.price <= req.max_price_per_hour)  # written so that NaN fails too
         if check is _vram:
             return ~(self.vram >= np.where(self.gpu, req.vram_needed(True), req.vram_needed(False)))
+        if check is _devices:
+            return None if req.devices <= 1 else self.gpu & (self.gpu_count < req.devices)
+        if check is _kernels:
+            if not req.kernels:
+                return None
+            fits = [i for i, kernels in enumerate(self.kernel_sets) if set(req.kernels) <= set(kernels)]
+            return ~_table(len(self.kernel_sets), fits)[self.kernels]
         if check is _tflops:
             return ~(self.tflops >= req.min_tflops)
         if check is _region:

@@ -42,6 +42,7 @@ class NodeOffer:
     region: str
     reliability: float = 1.0  # 0..1, from reputation
     hours_left: float | None = None  # on offer for this much longer; None: open-ended
+    kernels: tuple[str, ...] = ()  # bitsandbytes' kernels its device runs: nf4, int8, adamw8bit
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Requirements:
     core_fallback: bool = True  # workers beyond that quota may use core nodes when community is short
     min_workers: int | None = None  # the job starts once this many can be placed together; None: all
     gpu_vram_gb: float = 0.0  # the market's estimate (``memory``), asked of GPU nodes only; 0: none
+    devices: int = 1  # GPUs a worker spans on its node (``local_devices``), each holding ``gpu_vram_gb``
+    kernels: tuple[str, ...] = ()  # what a quantized base or 8-bit optimizer states need (``memory.kernels``)
 
     def vram_needed(self, gpu: bool) -> float:
         """GB of VRAM a node needs: ``min_vram_gb``, and on a GPU node (one with VRAM) the estimate too."""
@@ -71,7 +74,7 @@ class Requirements:
         """A job's workers' requirements, or a deployment's replicas' (placed as workers with no aggregator
         and no core quota; it starts once one replica is placed)."""
         # they size models with pricing, which imports us
-        from gpuflex.market.memory import serve_vram_estimate_gb, vram_estimate_gb
+        from gpuflex.market.memory import kernels, serve_vram_estimate_gb, vram_estimate_gb
 
         r = spec.resources
         if isinstance(spec, DeploymentSpec):
@@ -80,10 +83,12 @@ class Requirements:
             if r.min_vram_gb is None and size is not None:
                 estimate = serve_vram_estimate_gb(size, spec.context, spec.max_batch)
             workers, min_workers, core_workers, core_fallback = spec.replicas, 1, 0, True
+            devices, needs = 1, ()
         else:
             estimate = vram_estimate_gb(spec.training) if r.min_vram_gb is None else None
             workers, min_workers = spec.resources.workers, spec.resources.min_workers
             core_workers, core_fallback = spec.resources.min_core_workers, spec.resources.core_fallback
+            devices, needs = spec.training.local_devices, kernels(spec.training)
         return cls(
             workers=workers,
             min_vram_gb=r.min_vram_gb or 0.0,
@@ -95,6 +100,8 @@ class Requirements:
             min_core_workers=core_workers,
             core_fallback=core_fallback,
             min_workers=min_workers,
+            devices=devices,
+            kernels=needs,
         )
 
 
@@ -136,6 +143,22 @@ def _vram(offer: NodeOffer, req: Requirements) -> str | None:
     return None
 
 
+def _devices(offer: NodeOffer, req: Requirements) -> str | None:
+    """A GPU node must have a GPU for each of a worker's local devices (a CPU node runs them as ranks)."""
+    if req.devices > 1 and offer.vram_gb > 0 and len(offer.gpus) < req.devices:
+        return (
+            f"{len(offer.gpus)} GPU{'s' * (len(offer.gpus) != 1)} < {req.devices} (the job's local_devices)"
+        )
+    return None
+
+
+def _kernels(offer: NodeOffer, req: Requirements) -> str | None:
+    missing = [k for k in req.kernels if k not in offer.kernels]
+    if missing:
+        return f"runs no {', '.join(missing)} kernels (bitsandbytes on its device)"
+    return None
+
+
 def _tflops(offer: NodeOffer, req: Requirements) -> str | None:
     if not offer.tflops >= req.min_tflops:
         return f"tflops {_num(offer.tflops, 1)} < {_num(req.min_tflops, 1)}"
@@ -164,13 +187,24 @@ def _available(offer: NodeOffer, req: Requirements) -> str | None:
 
 
 Check = Callable[[NodeOffer, Requirements], str | None]
-WORKER_CHECKS: tuple[Check, ...] = (_available, _price, _vram, _tflops, _accelerator, _region)
+WORKER_CHECKS: tuple[Check, ...] = (
+    _available,
+    _price,
+    _vram,
+    _devices,
+    _kernels,
+    _tflops,
+    _accelerator,
+    _region,
+)
 AGGREGATOR_CHECKS: tuple[Check, ...] = (_available, _price, _region)
 # what nodes that fail a check are called when they are too many to name (``market.waiting``)
 CHECK_KINDS: dict[Check, str] = {
     _available: "offered hours ran out",
     _price: "price above the cap",
     _vram: "too little VRAM",
+    _devices: "too few GPUs",
+    _kernels: "no bitsandbytes kernels the job needs",
     _tflops: "too few TFLOPS",
     _accelerator: "no GPU asked for",
     _region: "in another region",

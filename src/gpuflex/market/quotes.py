@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from gpuflex.errors import BadRequest
 from gpuflex.market.index import OfferIndex
 from gpuflex.market.matching import NodeOffer, Requirements, unmet
-from gpuflex.market.memory import vram_estimate_gb
+from gpuflex.market.memory import GIB, vram_estimate_gb, ways_to_fit, worker_memory
 from gpuflex.market.placement import JobPlacement, place_job
 from gpuflex.market.pricing import (
     EFFICIENCY,
@@ -75,6 +75,8 @@ class Quote:
     assumptions: tuple[str, ...] = ()
     waiting: tuple[str, ...] = ()  # placeable, but not every worker at once: why the others would wait
     vram_estimate_gb: float | None = None  # ``memory.vram_estimate_gb``: asked of GPU nodes when unset
+    host_estimate_gb: float | None = None  # ``memory.worker_memory``'s host part
+    too_big: str | None = None  # the estimate exceeds every online GPU node: by how much, what would fit
 
 
 def quote(spec: JobSpec, offers: Sequence[NodeOffer], held: Mapping[str, Held] | None = None) -> Quote:
@@ -100,6 +102,7 @@ def quote(spec: JobSpec, offers: Sequence[NodeOffer], held: Mapping[str, Held] |
             "set training.round_seconds to quote a time-budgeted job"
         )
     req, held = Requirements.from_spec(spec), dict(held or {})
+    memory = _memory(spec, req, offers)
     index = OfferIndex(offers)
     placement = place_job(
         req,
@@ -117,17 +120,12 @@ def quote(spec: JobSpec, offers: Sequence[NodeOffer], held: Mapping[str, Held] |
     )
     if agg_waits or placement.short:
         problems = tuple(dict.fromkeys(str(w) for w in (agg_waits, workers_wait) if w))
-        return Quote(
-            spec.pricing,
-            False,
-            problems=problems,
-            budget=spec.budget,
-            vram_estimate_gb=vram_estimate_gb(spec.training),
-        )
+        return Quote(spec.pricing, False, problems=problems, budget=spec.budget, **memory)
     by_id = {o.node_id: o for o in offers}
     workers = [by_id[c.node_id] for c in placement.workers.choices]
     spares = _spares(req, offers, set(held) | set(chosen), placement.clearing_price)
     estimate = _estimate(spec, by_id[placement.aggregator.node_id], workers, spares, placement.clearing_price)
+    estimate = replace(estimate, **memory)
     if workers_wait is None:
         return estimate
     late = req.workers - len(workers)
@@ -212,8 +210,34 @@ def _estimate(
         shirking_pays_rounds=shirking_pays_rounds(training, round_pay),
         slash_to_deter=slash_to_deter(training.verification, round_pay),
         assumptions=_assumptions(params, training),
-        vram_estimate_gb=vram_estimate_gb(training),
     )
+
+
+def _memory(spec: JobSpec, req: Requirements, offers: Sequence[NodeOffer]) -> dict:
+    """A quote's memory figures: the estimate per device and in host memory, and, when no online GPU node
+    holds a worker, one line saying so and what would fit on the largest of them."""
+    training = spec.training
+    worker = worker_memory(training)
+    figures: dict = {
+        "vram_estimate_gb": vram_estimate_gb(training),
+        "host_estimate_gb": None if worker is None else math.ceil(worker.host / GIB * 10) / 10,
+    }
+    need = req.gpu_vram_gb
+    gpus = [o for o in offers if o.vram_gb > 0]
+    if not need or not gpus or any(o.vram_gb >= need and len(o.gpus) >= req.devices for o in gpus):
+        return figures
+    largest = max(gpus, key=lambda o: (o.vram_gb, len(o.gpus)))
+    count = len(largest.gpus) or 1
+    on = f"each of its {req.devices} GPUs" if req.devices > 1 else "its GPU"
+    told = (
+        f"a worker needs ≈ {need:g} GB of VRAM on {on} by the market's estimate; the largest online GPU node "
+        f"has {count} × {largest.vram_gb:g} GB"
+    )
+    ways = ways_to_fit(training, largest.vram_gb, count)
+    told += (
+        f": it would fit with {'; or '.join(ways)}" if ways else ": nothing in the spec alone makes it fit"
+    )
+    return {**figures, "too_big": told + " (or set resources.min_vram_gb to choose the nodes yourself)"}
 
 
 def _assumptions(params: int | None, training: TrainingSpec) -> tuple[str, ...]:

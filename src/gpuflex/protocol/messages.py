@@ -109,12 +109,20 @@ class GpuInfo(Message):
     compute_capability: str | None = None
 
 
+Kernel = Literal["nf4", "int8", "adamw8bit"]  # bitsandbytes': 4-bit and 8-bit weights, 8-bit AdamW
+
+
 class HardwareProfile(Message):
     cpu_model: str
     cpu_cores: Annotated[int, Field(ge=1)]
     ram_gb: Annotated[float, Field(ge=0)]
     device: Literal["cpu", "cuda"] = "cpu"
     gpus: list[GpuInfo] = Field(default_factory=list)
+    kernels: Annotated[list[Kernel], Field(max_length=8)] = Field(
+        default_factory=list,
+        description="bitsandbytes' kernels its device runs: what a quantized base (nf4, int8) or 8-bit "
+        "optimizer states (adamw8bit) need",
+    )
 
 
 class BenchmarkResult(Message):
@@ -502,8 +510,15 @@ class Quote(Message):
     assumptions: list[str] = Field(default_factory=list)
     vram_estimate_gb: float | None = Field(
         None,
-        description="GPU memory a worker needs by the market's estimate, asked of GPU nodes when "
-        "resources.min_vram_gb is not set; None when the model's size is unknown",
+        description="GPU memory a worker needs by the market's estimate (on each of its local_devices), "
+        "asked of GPU nodes when resources.min_vram_gb is not set; None when the model's size is unknown",
+    )
+    host_estimate_gb: float | None = Field(
+        None, description="host memory a worker holds besides: DiLoCo's outer state, the round's start"
+    )
+    too_big: str | None = Field(
+        None,
+        description="set when the estimate exceeds every online GPU node: by how much, and what would fit",
     )
     waiting: list[str] = Field(
         default_factory=list,

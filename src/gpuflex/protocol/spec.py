@@ -253,7 +253,12 @@ class TrainingSpec(_Strict):
         None, description="time budget of a round: a faster worker runs more steps, up to inner_steps"
     )
     local_devices: Annotated[int, Field(ge=1, le=64)] = Field(
-        1, description="devices one replica spans on its node (DDP inside the replica)"
+        1, description="devices one replica spans on its node (DDP inside the replica, or FSDP with shard)"
+    )
+    shard: bool = Field(
+        False,
+        description="with local_devices > 1: shard the model, its gradients and optimizer state over them "
+        "(FSDP2) instead of a whole copy on each; for a model bigger than one device",
     )
     checkpoint_every: Annotated[int, Field(ge=1, le=100_000)] = Field(
         1, description="publish the full state (model + outer optimizer) every this many rounds"
@@ -275,6 +280,16 @@ class TrainingSpec(_Strict):
     )
     gradient_checkpointing: bool = Field(
         False, description="hf-causal-lm: recompute activations in the backward pass to save memory"
+    )
+    quantize_base: Literal["nf4", "int8"] | None = Field(
+        None,
+        description="with lora: load the frozen base quantized (bitsandbytes; nf4 is QLoRA's 4-bit "
+        "NormalFloat), the adapters in full precision; only nodes whose device runs it are offered the job",
+    )
+    optimizer_states: Literal["fp32", "8bit"] = Field(
+        "fp32",
+        description="AdamW's moments in fp32, or blockwise 8-bit (bitsandbytes' AdamW8bit): 2 bytes a "
+        "trained parameter instead of 8; only nodes that run it are offered the job",
     )
 
     @model_validator(mode="after")
@@ -303,8 +318,19 @@ class TrainingSpec(_Strict):
                 f"batch_size ({self.batch_size}) must be a multiple of "
                 f"micro_batch_size ({self.micro_batch_size})"
             )
-        if self.model.from_ is not None and self.local_devices > 1:
-            raise ValueError("model.from does not combine with local_devices > 1 yet")
+        if self.quantize_base is not None and self.lora is None:
+            raise ValueError(
+                f"quantize_base {self.quantize_base} quantizes a frozen base: it needs lora (a full "
+                "fine-tune trains every weight, which stays in full precision)"
+            )
+        if self.optimizer_states == "8bit" and self.inner_optimizer != "adamw":
+            raise ValueError("optimizer_states 8bit is AdamW's (bitsandbytes' AdamW8bit), not muon's")
+        if self.shard and self.local_devices < 2:
+            raise ValueError(
+                "shard spreads a model over a node's devices: it needs local_devices of 2 or more"
+            )
+        if self.model.from_ is not None and self.local_devices > 1 and not self.shard:
+            raise ValueError("model.from combines with local_devices > 1 only sharded (shard: true)")
         if self.local_devices > 1 and self.round_seconds is not None:
             raise ValueError(
                 "round_seconds does not combine with local_devices > 1 yet (ranks step in lockstep)"

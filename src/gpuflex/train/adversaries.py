@@ -43,9 +43,8 @@ from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import Commitment
 from gpuflex.train.commitment import (
     TRACE_HEX,
-    Segment,
+    RoundTrace,
     batch_bytes,
-    device_class,
     params_hash,
     trace_every,
 )
@@ -78,9 +77,7 @@ def _honest_norm(s: Situation) -> float:
     return s.replica.spec.lr * math.sqrt(numel * s.replica.spec.inner_steps)
 
 
-def made_up(
-    s: Situation, steps: int, trace: list[str] | None = None
-) -> tuple[Commitment, tuple[Segment, ...]]:
+def made_up(s: Situation, steps: int, trace: list[str] | None = None) -> tuple[Commitment, RoundTrace]:
     """A commitment that names the assigned start, seed and batches, over a ``trace`` (random by default),
     and the only states such a cheater can upload when audited: the round's start, for every segment."""
     spec, worker = s.replica.spec, s.replica.worker_index
@@ -100,16 +97,18 @@ def made_up(
         data=data.hexdigest(),
         every=every,
         trace=trace,
-        device=device_class(s.replica.device, s.replica.inner.label),
+        device=s.replica.device_class(),
     )
     state = {f"p.{n}": t for n, t in s.start.items()}
-    return commitment, tuple(Segment(i * every, state, state, []) for i in range(length))
+    return commitment, RoundTrace(
+        every, tuple([] for _ in range(length)), dict.fromkeys(range(length + 1), state)
+    )
 
 
 def _fake(s: Situation, delta: Params) -> RoundResult:
     steps = s.replica.spec.inner_steps
-    commitment, segments = made_up(s, steps)
-    return RoundResult(delta, steps, 0.0, 0.0, commitment, segments)
+    commitment, trace = made_up(s, steps)
+    return RoundResult(delta, steps, 0.0, 0.0, commitment, trace)
 
 
 @dataclass
@@ -148,7 +147,7 @@ class FreeRider:
             delta = {n: self.previous[n] - t for n, t in s.start.items()}
         else:
             delta = {n: torch.zeros_like(t) for n, t in s.start.items()}
-        self.previous = s.start
+        self.previous = {n: t.clone() for n, t in s.start.items()}  # the replica's own tensors move on
         return _fake(s, delta)
 
 

@@ -62,7 +62,6 @@ from gpuflex.train.recipes import Batch, Recipe, build_model, evaluate, for_task
 from gpuflex.train.robust import flatten, robust_mean, unflatten
 from gpuflex.train.secure import SecureAggregator
 from gpuflex.train.sync import sync
-from gpuflex.train.trainable import trainable
 from gpuflex.train.transport import Transport, as_stored, fetch_verified
 from gpuflex.train.verifier import Judged, Verifier
 
@@ -88,6 +87,7 @@ class _Aggregator:
     spec: TrainingSpec
     transport: Transport
     recipe: Recipe
+    model: nn.Module  # evaluated with the replica's weights written into it
     replica: GlobalReplica
     val: list[Batch]
     downlink: ErrorFeedback
@@ -101,7 +101,8 @@ class _Aggregator:
 
     def publish(self, round: int, used: list[Contribution], update: bytes | None) -> None:
         """Evaluate the replica and publish it as ``round``, with its update and, when due, its state."""
-        val_loss = evaluate(self.recipe, self.replica.model, self.val)
+        self.replica.write_to(self.model)
+        val_loss = evaluate(self.recipe, self.model, self.val)
         self.tokens += sum(c.tokens for c in used)
         known = [c for c in used if c.train_loss is not None]
         weight = sum(c.tokens for c in known)
@@ -228,11 +229,13 @@ def aggregate(
     if dp is not None and not weights:
         raise Conflict("privacy.dp averages over the owners' weights: a federated job's aggregator has them")
     compressor = get_compressor(spec.compression)
+    model = build_model(spec, recipe)
     agg = _Aggregator(
         spec,
         transport,
         recipe,
-        GlobalReplica(build_model(spec, recipe), spec),
+        model,
+        GlobalReplica(model, spec),
         validation,
         ErrorFeedback(compressor, decay=1.0),  # the downlink keeps all it owes: plain error feedback
         AggregatorSummary(start_round=0, round=0),
@@ -250,7 +253,7 @@ def aggregate(
         secure = SecureAggregator.start(
             transport, job_id, weights, secure_aggregation, dp, params, spec, poll_interval_s, should_stop
         )
-    gather = _Gatherer(transport, compressor, agg.replica.model, poll_interval_s, should_stop, secure)
+    gather = _Gatherer(transport, compressor, agg.replica.parameters(), poll_interval_s, should_stop, secure)
     for r in range(agg.replica.round, agg.last):
         if secure is not None:
             secure.open(r)
@@ -340,7 +343,7 @@ class _Gatherer:
         self,
         transport: Transport,
         compressor: Compressor,
-        model: nn.Module,
+        params: Delta,
         poll_interval_s: float,
         should_stop: Callable[[], bool],
         secure: SecureAggregator | None = None,
@@ -348,7 +351,7 @@ class _Gatherer:
         self.transport = transport
         self.secure = secure
         self.compressor = compressor
-        self.shapes = {n: p.shape for n, p in trainable(model).items()}
+        self.shapes = {n: p.shape for n, p in params.items()}
         self.poll_interval_s = poll_interval_s
         self.should_stop = should_stop
         self.decoded: dict[str, Delta | np.ndarray | None] = {}  # by blob digest; None: rejected

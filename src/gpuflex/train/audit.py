@@ -52,6 +52,7 @@ from gpuflex.train.commitment import (
     data_hash,
     deterministic,
     device_class,
+    load_state,
     params_hash,
     residual_hash,
     trace_hash,
@@ -62,7 +63,6 @@ from gpuflex.train.optimizers import InnerOptimizer, inner_optimizer
 from gpuflex.train.precision import InnerStep
 from gpuflex.train.recipes import Batch, Recipe, build_model
 from gpuflex.train.schedule import lr_factor, lr_range
-from gpuflex.train.trainable import trainable
 from gpuflex.train.worker import step
 
 TOLERANCE = 1e-3  # across hardware classes: relative L2 distance of the re-run end state to the uploaded one
@@ -210,7 +210,7 @@ def check_state(
 def _own_class(spec: TrainingSpec) -> str:
     """The auditor's hardware class: this process's CPU, in the job's precision as a CPU runs it."""
     cpu = torch.device("cpu")
-    return device_class(cpu, InnerStep.for_spec(spec, cpu).label)
+    return device_class(cpu, InnerStep.for_spec(spec, cpu).label, spec.quantize_base)
 
 
 def rerun(
@@ -322,27 +322,9 @@ def _learning_rates(
 
 
 def _restore(spec: TrainingSpec, model: torch.nn.Module, state: Params) -> InnerOptimizer:
-    """Load ``state`` into ``model`` and a fresh inner optimizer; every parameter must be in it, and only
-    the state the optimizer keeps for it (``optimizers.STATE_KEYS``)."""
+    """Load ``state`` into ``model`` and a fresh inner optimizer (``commitment.load_state``)."""
     optimizer = inner_optimizer(model, spec)
-    named = trainable(model)
-    for key, tensor in state.items():
-        kind, _, name = key.partition(".")
-        if name not in named or kind not in ("p", *optimizer.state_keys(named[name])):
-            raise BadRequest(f"unexpected tensor {key!r}")
-        p = named[name]
-        if kind == "p":
-            if tensor.shape != p.shape:
-                raise BadRequest(f"{key} has shape {list(tensor.shape)}, expected {list(p.shape)}")
-            with torch.no_grad():
-                p.copy_(tensor)
-        else:
-            if kind != "step" and tensor.shape != p.shape:
-                raise BadRequest(f"{key} has shape {list(tensor.shape)}, expected {list(p.shape)}")
-            optimizer.state[p][kind] = tensor.clone()
-    missing = [n for n in named if f"p.{n}" not in state]
-    if missing:
-        raise BadRequest(f"parameters missing: {', '.join(missing[:4])}")
+    load_state(model, optimizer, state)
     return optimizer
 
 

@@ -21,10 +21,15 @@ compression leaves (``residual_out``), which its next contribution must compress
 from a fresh worker). The verifier checks the chain on every contribution, an audit that the residual
 left is the one compression left; so a residual cannot be forged to bind a poisoned delta.
 
-While it trains, the ``Tracer`` keeps a snapshot of the state at each segment boundary, so the worker
-answers an audit draw with a blob (``AuditState``) and no re-computation. That costs memory (one
-copy of parameters and optimizer state per segment) rather than compute; a large model would replay from the
-round's start instead.
+While it trains, the ``Tracer`` hashes the state at every segment boundary and keeps, in host memory, the
+state at the round's start (the optimizer's; the parameters are the round's start the worker holds
+anyway) and at every ``stride``-th boundary after it (``placement.snapshot_stride``: every one for a small
+model, none past the start for a large one). A drawn segment whose start was not kept is re-derived by
+re-running the deterministic steps before it from the nearest kept boundary (``RoundTrace.answer``), so
+the kept states cost host memory bounded by a budget, not one copy per segment on the accelerator,
+and the prover pays compute only when an audit draws it: at the network's audit rate of 5%, a worker
+keeping the start alone re-runs on average ``(S - 1) / 2 + 1`` of a round's S segments once in 20
+rounds, about 2.8% of its compute at S = 8 (``bench/memory.py`` measures it).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -45,6 +50,7 @@ from gpuflex.protocol.messages import MAX_TRACE, Commitment
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.checkpoint import load_tensors, save_tensors
 from gpuflex.train.optimizers import InnerOptimizer
+from gpuflex.train.placement import host
 from gpuflex.train.trainable import trainable
 
 TRACE_HEX = 16  # trace hashes are sha256 truncated to 64 bits: a forgery still needs 2^64 tries
@@ -59,15 +65,17 @@ def trace_every(spec: TrainingSpec) -> int:
     return max(every, -(-spec.inner_steps // MAX_TRACE))
 
 
-def device_class(device: torch.device, precision: str = "fp32") -> str:
+def device_class(device: torch.device, precision: str = "fp32", quantized: str | None = None) -> str:
     """The hardware class whose members reproduce each other's traces bit for bit: the device (a CPU's
-    thread count), and the inner steps' precision unless fp32 (``cpu/4t/bf16``, ``cuda:9.0/bf16``)."""
+    thread count), the inner steps' precision unless fp32, and a quantized base's kernels
+    (``cpu/4t/bf16``, ``cuda:9.0/bf16/nf4``)."""
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         own = f"cuda:{major}.{minor}"
     else:
         own = f"{device.type}/{torch.get_num_threads()}t"
-    return own if precision == "fp32" else f"{own}/{precision}"
+    parts = [own] + ([precision] if precision != "fp32" else []) + ([quantized] if quantized else [])
+    return "/".join(parts)
 
 
 def params_hash(params: Params) -> str:
@@ -88,8 +96,32 @@ def training_state(model: nn.Module, optimizer: InnerOptimizer) -> Params:
         kept = optimizer.state.get(p, {})
         for key in optimizer.state_keys(p):
             if key in kept:
-                state[f"{key}.{name}"] = kept[key].detach()
+                state[f"{key}.{name}"] = torch.as_tensor(kept[key]).detach()  # an int step as a tensor
     return state
+
+
+def load_state(model: nn.Module, optimizer: InnerOptimizer, state: Params) -> None:
+    """Put ``state`` (``training_state``'s naming) into ``model`` and ``optimizer``: every parameter must
+    be in it, and only the state the optimizer keeps for it (``optimizers.STATE_KEYS``); what it holds
+    no state for starts afresh (a round's first step)."""
+    named = trainable(model)
+    for p in named.values():
+        optimizer.state[p].clear()
+    for key, tensor in state.items():
+        kind, _, name = key.partition(".")
+        if name not in named or kind not in ("p", *optimizer.state_keys(named[name])):
+            raise BadRequest(f"unexpected tensor {key!r}")
+        p = named[name]
+        if kind not in ("step", *optimizer.block_state(p)) and tensor.shape != p.shape:
+            raise BadRequest(f"{key} has shape {list(tensor.shape)}, expected {list(p.shape)}")
+        if kind == "p":
+            with torch.no_grad():
+                p.copy_(tensor)
+        else:
+            optimizer.state[p][kind] = optimizer.restored(p, kind, tensor)
+    missing = [n for n in named if f"p.{n}" not in state]
+    if missing:
+        raise BadRequest(f"parameters missing: {', '.join(missing[:4])}")
 
 
 def trace_hash(model: nn.Module, optimizer: InnerOptimizer) -> str:
@@ -181,16 +213,6 @@ class AuditState:
     origin: Params
     residual_out: Params
 
-    @staticmethod
-    def answer(
-        segments: tuple[Segment, ...], index: int, residual: Params, residual_out: Params, count: int = 1
-    ) -> AuditState:
-        """The state answering a draw of segment ``index``, with the ``count - 1`` segments after it."""
-        span = segments[index : index + count]
-        final = segments[-1].end if index + len(span) != len(segments) else {}
-        origin = {k: v for k, v in segments[0].start.items() if k.startswith("p.")} if index else {}
-        return AuditState(span, residual, final, origin, residual_out)
-
     def segment(self, step: int) -> Segment | None:
         """The segment that starts after ``step`` inner steps, if this state holds it."""
         return next((seg for seg in self.segments if seg.step == step), None)
@@ -238,27 +260,72 @@ class AuditState:
         return AuditState(tuple(segments), residual, final, origin, residual_out)
 
 
-class Tracer:
-    """Builds one round's ``Commitment`` as the worker trains, and keeps each segment to answer an audit.
-    ``seconds``: what that took (hashing and copying states), verification's cost on the worker."""
+@dataclass(frozen=True)
+class RoundTrace:
+    """A round's trace as its worker keeps it to answer an audit: the states at the kept boundaries
+    (boundary b follows ``b * every`` steps; boundary ``len(lrs)`` is the final state), each segment's
+    learning rates, and ``rerun``, which re-derives the others: from the kept boundary b's state up to
+    boundary e, the states at b + 1 .. e and the final state (the worker re-runs its steps in its own
+    model and gives it back as it was)."""
 
-    def __init__(self, start: Params, seed: int, every: int, device: str):
+    every: int
+    lrs: tuple[list[float], ...]
+    kept: dict[int, Params]
+    rerun: Callable[[int, Params, int], tuple[list[Params], Params]] | None = None
+
+    def answer(self, index: int, count: int, residual: Params, residual_out: Params) -> AuditState | None:
+        """The state answering a draw of segment ``index``, with the ``count - 1`` segments after it (None:
+        no such segment)."""
+        segments = len(self.lrs)
+        if not 0 <= index < segments:
+            return None
+        last = min(index + count, segments)
+        states = {b: self.kept[b] for b in range(index, last + 1) if b in self.kept}
+        missing = [b for b in range(index, last + 1) if b not in states and b != segments]
+        final = self.kept.get(segments)
+        if missing or final is None:  # the last boundary is the final state, which the worker's model holds
+            assert self.rerun is not None, "a trace that did not keep every state re-runs the rest"
+            base = max(b for b in self.kept if b <= (missing[0] if missing else index))
+            rerun, live = self.rerun(base, self.kept[base], missing[-1] if missing else base)
+            states |= {b: state for b, state in enumerate(rerun, start=base + 1) if b >= index}
+            final = live if final is None else final
+        states[segments] = final
+        span = tuple(
+            Segment(b * self.every, states[b], states[b + 1], self.lrs[b]) for b in range(index, last)
+        )
+        origin = {k: v for k, v in self.kept[0].items() if k.startswith("p.")} if index else {}
+        return AuditState(span, residual, {} if last == segments else final, origin, residual_out)
+
+
+class Tracer:
+    """Builds one round's ``Commitment`` as the worker trains, and keeps the states an audit needs
+    (``RoundTrace``): the start and every ``stride``-th boundary, in host memory. ``seconds``: what that
+    took (hashing and copying states), verification's cost on the worker."""
+
+    def __init__(self, start: Params, seed: int, every: int, device: str, stride: int = 1):
         began = time.perf_counter()
+        self.origin = start
         self.start = params_hash(start)
         self.seed = seed
         self.every = every
         self.device = device
+        self.stride = stride
         self.data = hashlib.sha256()
         self.trace: list[str] = []
-        self.states: list[Params] = []  # a copy at each segment boundary: the start, then each end
+        self.kept: dict[int, Params] = {}  # boundary -> its state, in host memory
         self.lrs: list[list[float]] = []
         self.steps = 0
         self.seconds = time.perf_counter() - began
 
     def before_step(self, model: nn.Module, optimizer: InnerOptimizer, batch: tuple[Tensor, ...]) -> None:
         began = time.perf_counter()
-        if self.steps == 0:
-            self.states.append(_copy(training_state(model, optimizer)))
+        if (
+            self.steps == 0
+        ):  # the parameters are the round's start, held already; the optimizer's state is not
+            state = training_state(model, optimizer)
+            self.kept[0] = {
+                k: (self.origin[k[2:]] if k.startswith("p.") else host(v)) for k, v in state.items()
+            }
         if self.steps % self.every == 0:
             self.lrs.append([])
         self.data.update(batch_bytes(batch))
@@ -271,22 +338,25 @@ class Tracer:
             self._boundary(model, optimizer)
 
     def _boundary(self, model: nn.Module, optimizer: InnerOptimizer) -> None:
-        """Copy the state once: the copy is the segment's end, the next one's start, and what is hashed."""
+        """Hash the state; keep a host copy of it at every ``stride``-th boundary (the copy is hashed)."""
         began = time.perf_counter()
-        self.states.append(_copy(training_state(model, optimizer)))
-        self.trace.append(params_hash(self.states[-1])[:TRACE_HEX])
+        state = training_state(model, optimizer)
+        boundary = len(self.trace) + 1
+        if boundary % self.stride == 0:
+            state = self.kept[boundary] = {k: host(v) for k, v in state.items()}
+        self.trace.append(params_hash(state)[:TRACE_HEX])
         self.seconds += time.perf_counter() - began
 
-    def commit(self, model: nn.Module, optimizer: InnerOptimizer) -> tuple[Commitment, tuple[Segment, ...]]:
-        """The commitment once training stopped (the last, partial segment hashed too), and the segments."""
+    def commit(
+        self,
+        model: nn.Module,
+        optimizer: InnerOptimizer,
+        rerun: Callable[[int, Params, int], tuple[list[Params], Params]] | None = None,
+    ) -> tuple[Commitment, RoundTrace]:
+        """The commitment once training stopped (the last, partial segment hashed too), and the trace
+        (``rerun``: how its worker re-derives the states it did not keep)."""
         if self.steps % self.every:
             self._boundary(model, optimizer)
-        segments = tuple(
-            Segment(i * self.every, start, end, lrs)
-            for i, (start, end, lrs) in enumerate(
-                zip(self.states[:-1], self.states[1:], self.lrs, strict=True)
-            )
-        )
         commitment = Commitment(
             seed=self.seed,
             start=self.start,
@@ -295,8 +365,4 @@ class Tracer:
             trace=self.trace,
             device=self.device,
         )
-        return commitment, segments
-
-
-def _copy(state: Params) -> Params:
-    return {k: v.clone() for k, v in state.items()}
+        return commitment, RoundTrace(self.every, tuple(self.lrs), self.kept, rerun)

@@ -23,8 +23,6 @@ runs a whole job this way.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
@@ -92,7 +90,7 @@ class DiLoCo:
         )
         compressor = get_compressor(spec.compression)
         self.feedback = ErrorFeedback(compressor, decay=spec.compression.error_decay)
-        self.replica = GlobalReplica(copy.deepcopy(model), spec)
+        self.replica = GlobalReplica(model, spec)  # the trained parameters, in host memory
         self.decode = self.replica.decoder(compressor)
         self.finished = False
         self.steps = 0
@@ -114,7 +112,7 @@ class DiLoCo:
             self._exchange()
 
     def _exchange(self) -> None:
-        delta = {n: self.start[n] - p.detach() for n, p in trainable(self.model).items()}
+        delta = {n: self.start[n] - p.detach().cpu() for n, p in trainable(self.model).items()}
         outgoing = Outgoing(
             blob=self.feedback.compress(delta),
             tokens=self.spec.inner_steps * self.tokens_per_step,
@@ -132,7 +130,5 @@ class DiLoCo:
         if not running:
             self.finished = True
             return
-        with torch.no_grad():
-            for name, p in trainable(self.model).items():
-                p.copy_(self.replica.parameters()[name])
-        self.start = {n: p.detach().clone() for n, p in trainable(self.model).items()}
+        self.replica.write_to(self.model)
+        self.start = self.replica.parameters()  # unchanged until the next exchange, after the delta

@@ -20,7 +20,7 @@ from gpuflex.train import adversaries
 from gpuflex.train.checkpoint import sha256
 from gpuflex.train.outer import GlobalReplica, weighted_mean
 from gpuflex.train.peer_audit import delegate, replay, settle
-from gpuflex.train.recipes import build_model, get_recipe
+from gpuflex.train.recipes import build_model, evaluate, get_recipe
 from gpuflex.train.robust import flatten, robust_mean, unflatten
 from gpuflex.train.verifier import Judged, Verifier
 from gpuflex.train.worker import Replica, RoundResult, Situation
@@ -50,7 +50,8 @@ class Drill:
         ]
         self.replicas = [Replica(c, self.recipe, d) for c, d in zip(self.configs, self.data, strict=True)]
         self.players = {i: adversaries.get(k) for i, k in enumerate(self.kinds) if k not in (None, LATE)}
-        self.global_ = GlobalReplica(build_model(self.spec, self.recipe), self.spec)
+        self.model = build_model(self.spec, self.recipe)  # evaluated with the global weights written in
+        self.global_ = GlobalReplica(self.model, self.spec)
         self.global_.round = 0
         self.verifier = Verifier(self.spec, self.recipe, self.data.__getitem__, n)
         self.last: dict[int, Commitment | None] = {}  # worker -> its last contribution's commitment
@@ -58,6 +59,11 @@ class Drill:
         self.before: dict = {}  # the previous round's model
         self.peer_model = build_model(self.spec, self.recipe)  # what peers re-run in
         self.peer_s = 0.0  # peers' re-runs, with peer audits
+
+    def validation_loss(self) -> float | None:
+        """The global model's loss on worker 0's validation batches."""
+        self.global_.write_to(self.model)
+        return evaluate(self.recipe, self.model, self.data[0].validation)
 
     def _start(self, worker: int, start: dict) -> dict:
         """Where an honest worker begins: the round's model ``start``, or with ``overlap`` the previous

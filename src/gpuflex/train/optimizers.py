@@ -17,6 +17,12 @@ duplicates): the built-in recipes and Hugging Face models register it last, and 
 embedding is that embedding. A user recipe whose model does otherwise trains its head with Muon.
 LoRA jobs keep AdamW (``TrainingSpec`` refuses ``muon`` with ``lora``): the adapters are factors of a
 low-rank update, and orthogonalising each factor's step does not orthogonalise the weight's.
+
+``training.optimizer_states: 8bit`` takes bitsandbytes' ``AdamW8bit`` for AdamW: its moments blockwise
+quantized to 8 bits (2 bytes a parameter instead of 8; tensors under 4,096 values keep fp32 moments, as
+bitsandbytes decides). Its state is plain tensors (codes, block maxima, the code map) and an integer step,
+so the trace hashes it and an audit restores it like AdamW's: a re-run on the worker's hardware class
+reproduces it bit for bit (``tests/train/test_optimizers.py``).
 """
 
 from __future__ import annotations
@@ -27,14 +33,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from gpuflex.errors import BadRequest
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.trainable import trainable
 
 # what each part keeps per parameter, and so what a trace covers and an audit state may hold
-STATE_KEYS: dict[type[torch.optim.Optimizer], tuple[str, ...]] = {
-    torch.optim.AdamW: ("exp_avg", "exp_avg_sq", "step"),
-    torch.optim.Muon: ("momentum_buffer",),
+STATE_KEYS: dict[str, tuple[str, ...]] = {
+    "AdamW": ("exp_avg", "exp_avg_sq", "step"),
+    "Muon": ("momentum_buffer",),
+    "AdamW8bit": ("state1", "state2", "absmax1", "absmax2", "qmap1", "qmap2", "step"),
 }
+BLOCK_STATE = ("absmax1", "absmax2", "qmap1", "qmap2")  # AdamW8bit's: shaped by its blocks, not the parameter
 
 
 class _States(Mapping[Tensor, dict[str, Any]]):
@@ -80,7 +89,20 @@ class InnerOptimizer:
     def state_keys(self, p: Tensor) -> tuple[str, ...]:
         """What the part that owns ``p`` keeps for it (none for a parameter it does not hold)."""
         part = self._owner.get(id(p))
-        return STATE_KEYS[type(part)] if part is not None else ()
+        return STATE_KEYS[type(part).__name__] if part is not None else ()
+
+    def block_state(self, p: Tensor) -> tuple[str, ...]:
+        """The keys of ``p``'s state whose shape is not ``p``'s."""
+        return tuple(k for k in self.state_keys(p) if k in BLOCK_STATE)
+
+    def restored(self, p: Tensor, key: str, value: Tensor) -> Tensor | int:
+        """``value`` as ``p``'s state ``key`` is kept: on its device, but the step count where the optimizer
+        keeps it (AdamW: a CPU tensor, bitsandbytes: an int)."""
+        if key != "step":
+            return value.to(p.device, copy=True)
+        if type(self._owner.get(id(p))).__name__ == "AdamW8bit":
+            return int(value)
+        return value.to("cpu", copy=True)
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -97,10 +119,22 @@ def inner_optimizer(model: nn.Module, spec: TrainingSpec) -> InnerOptimizer:
     muon = hidden_matrices(model) if spec.inner_optimizer == "muon" else []
     taken = {id(p) for p in muon}
     rest = [p for p in params if id(p) not in taken]
-    adamw = torch.optim.AdamW(rest, lr=spec.lr, weight_decay=spec.weight_decay)
+    adamw = _adamw(spec)(rest, lr=spec.lr, weight_decay=spec.weight_decay)
     if not muon:
         return InnerOptimizer(adamw)
     hidden = torch.optim.Muon(
         muon, lr=spec.lr, weight_decay=spec.weight_decay, adjust_lr_fn="match_rms_adamw"
     )
     return InnerOptimizer(hidden, adamw)
+
+
+def _adamw(spec: TrainingSpec) -> type[torch.optim.Optimizer]:
+    if spec.optimizer_states != "8bit":
+        return torch.optim.AdamW
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise BadRequest(
+            "training.optimizer_states 8bit needs bitsandbytes on this node: pip install 'gpuflex[quantized]'"
+        ) from None
+    return bitsandbytes.optim.AdamW8bit

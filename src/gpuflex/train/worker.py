@@ -18,13 +18,19 @@ Each contribution carries a ``Commitment`` (``commitment.py``): inner steps run 
 and are traced, and the commitment names the error-feedback residual the delta is compressed with and
 the one it leaves (``Replica.seal``). When the receipt says the contribution was drawn for audit, the
 worker uploads the drawn segment's states (and, for a peer audit, the next segments' too), the final
-state and both residuals, and names them with ``submit_audit_state``; between rounds it re-runs what
-the aggregator hands it as another worker's peer (``peer_audit.py``). A task whose config names an
-``adversary`` plays that cheater instead (``adversaries.py``: tests and demos only).
+state and both residuals, and names them with ``submit_audit_state``; a state it did not keep it
+re-derives by re-running its own steps from the nearest one it kept (``Replica.rerun``, in its model,
+which it then puts back as it was: synchronous rounds answer before the next one starts). Between
+rounds it re-runs what the aggregator hands it as another worker's peer (``peer_audit.py``). A task
+whose config names an ``adversary`` plays that cheater instead (``adversaries.py``: tests and demos only).
+
+Memory (``placement.py``): the model and its optimizer on the device, as a plain training loop holds
+them; the global replica, the outer momentum, the residual and the round's start in host memory.
 """
 
 from __future__ import annotations
 
+import functools
 import resource
 import time
 from collections.abc import Callable
@@ -37,22 +43,25 @@ from torch import Tensor
 
 from gpuflex.data.fetch import FetchedShards, ShardReader
 from gpuflex.errors import BadRequest, Conflict
+from gpuflex.market.memory import OPTIMIZER_BYTES
 from gpuflex.privacy import dp
 from gpuflex.protocol.messages import AuditStateSubmit, Commitment, ContributionSubmit, RoundState, TaskConfig
 from gpuflex.train.commitment import (
-    AuditState,
-    Segment,
+    RoundTrace,
     Tracer,
     deterministic,
     device_class,
+    load_state,
     residual_hash,
     trace_every,
+    training_state,
 )
 from gpuflex.train.compression import ErrorFeedback, get_compressor
 from gpuflex.train.data import round_seed
 from gpuflex.train.device_group import DeviceGroup
 from gpuflex.train.optimizers import InnerOptimizer, inner_optimizer
 from gpuflex.train.outer import GlobalReplica
+from gpuflex.train.placement import host, snapshot_stride, training_device
 from gpuflex.train.precision import InnerStep
 from gpuflex.train.pretrained import model_directory
 from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task, shards
@@ -103,7 +112,7 @@ class RoundResult:
     train_loss: float
     compute_s: float
     commitment: Commitment | None = None  # None for a follower rank (its result is dropped)
-    segments: tuple[Segment, ...] = ()  # each trace segment's states, to answer an audit
+    trace: RoundTrace | None = None  # the states kept to answer an audit, and how to re-derive the rest
     residual: Params = field(default_factory=dict)  # the error feedback it was compressed with (``seal``)
     residual_out: Params = field(default_factory=dict)  # ... and what that compression left
     trace_s: float = 0.0  # of compute_s: building the commitment (hashing and copying states)
@@ -111,9 +120,25 @@ class RoundResult:
     def audit_state(self, segment: int, count: int = 1) -> bytes | None:
         """The blob answering an audit of ``segment`` and, for a peer, the ``count - 1`` after it (None:
         no such segment)."""
-        if not 0 <= segment < len(self.segments):
-            return None
-        return AuditState.answer(self.segments, segment, self.residual, self.residual_out, count).to_bytes()
+        state = (
+            None
+            if self.trace is None
+            else self.trace.answer(segment, count, self.residual, self.residual_out)
+        )
+        return None if state is None else state.to_bytes()
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """How a round was trained, to re-run its steps for an audit: its batches' seed, its steps' numerics,
+    the steps it skipped (a shirker's), each segment's learning rates, and its steps."""
+
+    seed: int
+    inner: InnerStep
+    skip: range
+    lrs: tuple[list[float], ...]
+    every: int
+    steps: int
 
 
 @dataclass(frozen=True)
@@ -150,14 +175,14 @@ class Replica:
         self.recipe = recipe
         self.data = data
         self.group = group
-        self.device = group.device if group else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = group.device if group else training_device()
         self.model = build_model(self.spec, recipe).to(self.device)
         self.inner = InnerStep.for_spec(self.spec, self.device)
         self.trained = group.wrap(self.model) if group else self.model  # what forward/backward go through
         self.optimizer = inner_optimizer(self.model, self.spec)
         compressor = get_compressor(self.spec.compression)
         self.feedback = ErrorFeedback(compressor, decay=self.spec.compression.error_decay)
-        self.global_ = GlobalReplica(build_model(self.spec, recipe), self.spec)
+        self.global_ = GlobalReplica(self.model, self.spec)  # a host copy of the trained parameters
         self.decode = self.global_.decoder(compressor)
         self.dp_clip = config.dp.clip if config.dp is not None else None  # privacy.dp: each delta's bound
 
@@ -166,7 +191,21 @@ class Replica:
         return self.data.tokens_per_batch * (self.group.size if self.group else 1)
 
     def global_params(self) -> Params:
-        return {n: p.detach().clone() for n, p in self.global_.parameters().items()}
+        """The global weights, in host memory: the replica's own tensors, which change only when it
+        catches up (after a synchronous round's contribution is answered), so a round starts from them
+        without a copy."""
+        return self.global_.parameters()
+
+    def snapshot_stride(self) -> int:
+        """Which boundaries the tracer keeps (``placement.snapshot_stride``). Every one when the worker
+        cannot re-run in its model at answer time: with ``overlap`` it trains the next round by then, and a
+        replica over several ranks re-runs only with all of them."""
+        if self.spec.overlap or self.group is not None:
+            return 1
+        per_parameter = 4 + OPTIMIZER_BYTES[self.spec.optimizer_states]
+        size = sum(p.numel() for p in trainable(self.model).values()) * per_parameter
+        segments = -(-self.spec.inner_steps // trace_every(self.spec))
+        return snapshot_stride(int(size), segments)
 
     def seal(self, result: RoundResult) -> tuple[bytes, RoundResult]:
         """Compress ``result.delta`` with error feedback; the commitment names the residual used and the
@@ -217,12 +256,15 @@ class Replica:
             self.group.begin_round(start, label)
         with torch.no_grad():
             for name, p in trainable(self.model).items():
-                p.copy_(start[name])
+                p.copy_(start[name], non_blocking=True)
         seed = round_seed(self.spec.seed, self.worker_index, label, rank) if seed is None else seed
         generator = torch.Generator().manual_seed(seed)
         # rank 0 commits for the replica (every rank holds the same state); the others' batches follow
         # from their seeds, so an auditor re-runs all of them (``audit.py``)
-        tracer = Tracer(start, seed, trace_every(self.spec), self.device_class()) if rank == 0 else None
+        every = trace_every(self.spec)
+        tracer = (
+            Tracer(start, seed, every, self.device_class(), self.snapshot_stride()) if rank == 0 else None
+        )
         budget = self.spec.inner_steps if steps is None else steps
         self.model.train()
         losses: list[float] = []
@@ -246,7 +288,10 @@ class Replica:
                 if self.after_step is not None:
                     self.after_step(time.monotonic() - step_began)
         delta = {n: start[n] - p.detach().cpu() for n, p in trainable(self.model).items()}
-        commitment, segments = tracer.commit(self.model, self.optimizer) if tracer else (None, ())
+        commitment, trace = None, None
+        if tracer:
+            how = Rerun(seed, inner, skip, tuple(tracer.lrs), every, len(losses))
+            commitment, trace = tracer.commit(self.model, self.optimizer, functools.partial(self.rerun, how))
         compute_s = time.monotonic() - began - late_s
         return RoundResult(
             delta,
@@ -254,14 +299,37 @@ class Replica:
             sum(losses) / len(losses),
             compute_s,
             commitment,
-            segments,
+            trace,
             trace_s=tracer.seconds if tracer else 0.0,
         )
+
+    def rerun(self, how: Rerun, boundary: int, state: Params, until: int) -> tuple[list[Params], Params]:
+        """Re-run a round's steps in this model from ``state`` at ``boundary`` to boundary ``until``: the
+        states at each boundary after ``boundary`` (host copies), and the model's own state, put back."""
+        live = {k: host(v) for k, v in training_state(self.model, self.optimizer).items()}
+        load_state(self.model, self.optimizer, state)
+        generator = torch.Generator().manual_seed(how.seed)
+        first, last = boundary * how.every, min(until * how.every, how.steps)
+        for _ in range(first):  # the batches before it: the stream's draws must be the same
+            self.data.sample(generator)
+        states = []
+        self.model.train()
+        with deterministic():
+            for k in range(first, last):
+                batch = tuple(t.to(self.device) for t in self.data.sample(generator))
+                for group in self.optimizer.param_groups:
+                    group["lr"] = how.lrs[k // how.every][k % how.every]
+                if k not in how.skip:
+                    step(self.recipe, self.trained, self.model, self.optimizer, batch, inner=how.inner)
+                if (k + 1) % how.every == 0 or k + 1 == how.steps:
+                    states.append({n: host(v) for n, v in training_state(self.model, self.optimizer).items()})
+        load_state(self.model, self.optimizer, live)
+        return states, live
 
     def device_class(self) -> str:
         """Its commitment's hardware class: a replica over several ranks averages their gradients by an
         all-reduce, whose sums an auditor's one process does not reproduce bit for bit."""
-        own = device_class(self.device, self.inner.label)
+        own = device_class(self.device, self.inner.label, self.spec.quantize_base)
         return f"{own}/ddp{self.group.size}" if self.group else own
 
     def _done(self, began: float, steps: int) -> float:
@@ -332,7 +400,7 @@ def run_worker(
     reader = reader or FetchedShards(transport.get_blob)
     stored, unseal = as_stored(transport)
     with model_directory(config.training, stored, reader.cache, unseal) as model_dir:
-        recipe, data = for_task(config, fetch, reader, model_dir)
+        recipe, data = for_task(config, fetch, reader, model_dir, training_device())
         return _work(
             config, transport, recipe, data, blobs, fetch, reader, poll_interval_s, should_stop, after_step
         )
@@ -399,7 +467,7 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 def _follow(group: DeviceGroup, config: TaskConfig, blobs: dict[str, bytes]) -> None:
     """Ranks 1..N-1 of a replica: train every round rank 0 starts, in lockstep with it."""
-    recipe, data = for_task(config, blobs.__getitem__)
+    recipe, data = for_task(config, blobs.__getitem__, device=group.device)
     replica = Replica(config, recipe, data, group)
     while (round_ := group.next_round(like=replica.global_params())) is not None:
         replica.train_round(*round_, should_stop=lambda: False)

@@ -84,6 +84,7 @@ def offer_of(node: Node, now: float, reliability: float) -> NodeOffer:
         region=node.region,
         reliability=reliability,
         hours_left=registry.hours_left(node, now),
+        kernels=tuple(node.hardware.get("kernels", [])),
     )
 
 

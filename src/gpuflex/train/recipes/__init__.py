@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from gpuflex.data.fetch import ShardReader
 
 Batch = tuple[Tensor, ...]
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,17 @@ class Recipe:
     build_data: Callable[[bytes | None, TrainingSpec, int, int], TaskData]
     loss: Callable[[nn.Module, Batch], Tensor]
     needs_dataset: bool = True  # False: the recipe brings its own data
-    # (spec, model directory) -> the model loaded from it: the recipes that take ``model.from``
-    build_pretrained: Callable[[TrainingSpec, Path], nn.Module] | None = None
+    # (spec, model directory, device) -> the model loaded from it for that device: the recipes that take
+    # ``model.from``
+    build_pretrained: Callable[[TrainingSpec, Path, torch.device], nn.Module] | None = None
 
-    def from_directory(self, model_dir: Path) -> Recipe:
-        """This recipe with its model loaded from ``model_dir`` (the job's ``model.from``)."""
+    def from_directory(self, model_dir: Path, device: torch.device = CPU) -> Recipe:
+        """This recipe with its model loaded from ``model_dir`` (the job's ``model.from``), laid out for the
+        ``device`` its steps run on (``train.placement``: the frozen base's dtype, its quantization)."""
         if self.build_pretrained is None:
             raise BadRequest(f"recipe {self.name} does not load a model directory")
         load = self.build_pretrained
-        return replace(self, build_model=lambda spec: load(spec, model_dir))
+        return replace(self, build_model=lambda spec: load(spec, model_dir, device))
 
 
 _SEED_LOCK = threading.Lock()
@@ -90,14 +93,15 @@ def for_task(
     fetch: Callable[[str], bytes],
     reader: ShardReader | None = None,
     model_dir: Path | None = None,
+    device: torch.device = CPU,
 ) -> tuple[Recipe, TaskData]:
     """The task's recipe and data; ``fetch`` gets a blob by hash (the recipe code, the dataset),
     ``reader`` a prepared dataset's shards (``recipes.prepared``); ``model_dir``: the job's model
-    directory, written out (``train.pretrained``), if it has one."""
+    directory, written out (``train.pretrained``), if it has one, loaded for ``device``."""
     spec = config.training
     recipe = get_recipe(spec.recipe, fetch(config.recipe_code) if config.recipe_code else None)
     if model_dir is not None:
-        recipe = recipe.from_directory(model_dir)
+        recipe = recipe.from_directory(model_dir, device)
     if config.federated is not None:
         from gpuflex.train.recipes.prepared import federated_data
 

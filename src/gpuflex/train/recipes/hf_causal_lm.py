@@ -3,9 +3,12 @@
 Without ``model.from`` the shape comes from the job's ``model`` section (``architecture``: gpt2 | llama)
 and nothing is downloaded. With it, the model is ``AutoModelForCausalLM.from_pretrained`` of the job's
 model directory (any architecture transformers builds), which reaches a task as blobs
-(``train.pretrained``), its weights loaded in fp32 (``training.precision`` autocasts the steps).
-``training.lora`` wraps it in peft LoRA adapters: the base freezes and only the adapters train and
-travel (``train.trainable``); ``training.gradient_checkpointing`` recomputes activations in backward.
+(``train.pretrained``): a full fine-tune's weights in fp32 (``training.precision`` autocasts the steps),
+a LoRA job's frozen base as ``train.placement`` lays it out (the steps' dtype, or quantized with
+``training.quantize_base``). ``training.lora`` wraps it in peft LoRA adapters, in fp32: the base freezes
+and only the adapters train and travel (``train.trainable``); ``training.gradient_checkpointing``
+recomputes activations in backward. The loss computes the output head a chunk of tokens at a time
+(``train.lm_loss``), never the whole batch's logits.
 
 The data is char-gpt's byte windows of the job's text, ids 0-255, so a model's vocabulary must hold
 256 ids; token shards in the model's own vocabulary are ``data.prepared``'s (``gpuflex.data``).
@@ -16,11 +19,14 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import torch
 from torch import Tensor, nn
 
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.spec import LoraSpec, TrainingSpec
 from gpuflex.train.data import VOCAB_SIZE
+from gpuflex.train.lm_loss import chunked_cross_entropy
+from gpuflex.train.placement import load_options
 from gpuflex.train.recipes import Batch, Recipe
 from gpuflex.train.recipes.char_gpt import byte_data, next_byte_loss
 
@@ -50,11 +56,11 @@ def build(spec: TrainingSpec) -> nn.Module:
     return finish(spec, _from_config(spec))
 
 
-def build_pretrained(spec: TrainingSpec, model_dir: Path) -> nn.Module:
-    """The model of a ``save_pretrained`` directory, in fp32: then LoRA and checkpointing."""
-    # in its saved dtype, then fp32 (exact from bf16 or fp16): the name of from_pretrained's dtype argument
-    # changed between transformers releases
-    model = _transformers().AutoModelForCausalLM.from_pretrained(model_dir).float()
+def build_pretrained(spec: TrainingSpec, model_dir: Path, device: torch.device) -> nn.Module:
+    """The model of a ``save_pretrained`` directory, laid out for ``device`` (``train.placement``): then
+    LoRA and checkpointing."""
+    options = load_options(spec, device)
+    model = _transformers().AutoModelForCausalLM.from_pretrained(model_dir, **options)
     vocab = model.get_input_embeddings().num_embeddings
     if vocab < VOCAB_SIZE:
         raise BadRequest(f"the model's vocabulary holds {vocab} ids; the job's byte data needs {VOCAB_SIZE}")
@@ -143,7 +149,23 @@ def _from_config(spec: TrainingSpec) -> nn.Module:
 
 def _loss(model: nn.Module, batch: Batch) -> Tensor:
     inputs, targets = batch
-    return next_byte_loss(model(input_ids=inputs).logits, targets)
+    head = _plain_head(model)
+    if head is None:
+        return next_byte_loss(model(input_ids=inputs).logits, targets)
+    # the last hidden states (after the final norm), and the head's logits at one position only
+    out = model(input_ids=inputs, output_hidden_states=True, logits_to_keep=1, use_cache=False)
+    return chunked_cross_entropy(out.hidden_states[-1], head, targets)
+
+
+def _plain_head(model: nn.Module) -> nn.Linear | None:
+    """The output head when the loss may call it itself: a plain linear layer, whole on this device, of a
+    model no data-parallel wrapper needs to see called (DDP syncs gradients in its own forward; FSDP
+    gathers the head's shards in the root's)."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if type(head) is not nn.Linear or hasattr(head.weight, "to_local"):  # an adapter, or a DTensor shard
+        return None
+    return head
 
 
 RECIPE = Recipe(

@@ -15,15 +15,20 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from gpuflex.errors import BadRequest
 from gpuflex.market.memory import base_dtype
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.precision import DTYPES, effective
+
+# bitsandbytes warns on import, on a CPU with AVX512-BF16, that it could not fetch a faster 4-bit kernel from
+# a model hub: nothing is fetched at run time here, by design, and its own kernels run instead
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 # Host bytes the tracer may keep beyond the round's start: every boundary of a small model (no re-run on
 # an audit), every k-th of a larger one, only the start of one whose state alone exceeds it.
@@ -69,6 +74,25 @@ def load_options(spec: TrainingSpec, device: torch.device) -> dict:
     else:
         config = transformers.BitsAndBytesConfig(load_in_8bit=True)
     return {**options, "quantization_config": config, "device_map": {"": device}}
+
+
+def one_kernel(model: nn.Module) -> nn.Module:
+    """Keep a quantized base on the kernels it trains with, whatever ran before. bitsandbytes switches
+    kernels for inference (eval mode, no gradient), and the switch outlives the call: on a CPU with
+    AVX512-BF16 it repacks a 4-bit weight for a kernel that sums in another order, and an int8 layer's
+    inference GEMM leaves its state changed. An aggregator's or a verifier's copy, evaluated once, would
+    then re-run training steps differently from the worker's, which never ran one: so 4-bit layers never
+    repack, and int8 layers compute as in training, in eval mode too (the same dequantize-and-multiply)."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):  # Linear4bit
+            module.support_avx512bf16_for_cpu = False
+        if type(module).__name__ == "Linear8bitLt":
+            module.register_forward_pre_hook(_as_in_training)
+    return model
+
+
+def _as_in_training(module: nn.Module, _inputs: object) -> None:
+    module.training = True
 
 
 def host(tensor: Tensor) -> Tensor:

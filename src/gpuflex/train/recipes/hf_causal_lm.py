@@ -26,7 +26,7 @@ from gpuflex.errors import BadRequest
 from gpuflex.protocol.spec import LoraSpec, TrainingSpec
 from gpuflex.train.data import VOCAB_SIZE
 from gpuflex.train.lm_loss import chunked_cross_entropy
-from gpuflex.train.placement import load_options
+from gpuflex.train.placement import load_options, one_kernel
 from gpuflex.train.recipes import Batch, Recipe
 from gpuflex.train.recipes.char_gpt import byte_data, next_byte_loss
 
@@ -60,7 +60,7 @@ def build_pretrained(spec: TrainingSpec, model_dir: Path, device: torch.device) 
     """The model of a ``save_pretrained`` directory, laid out for ``device`` (``train.placement``): then
     LoRA and checkpointing."""
     options = load_options(spec, device)
-    model = _transformers().AutoModelForCausalLM.from_pretrained(model_dir, **options)
+    model = one_kernel(_transformers().AutoModelForCausalLM.from_pretrained(model_dir, **options))
     vocab = model.get_input_embeddings().num_embeddings
     if vocab < VOCAB_SIZE:
         raise BadRequest(f"the model's vocabulary holds {vocab} ids; the job's byte data needs {VOCAB_SIZE}")

@@ -43,8 +43,9 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 QUANTIZED_BYTES = {"nf4": 4.127 / 8, "int8": 1.0}  # a quantized weight, its block or row scales included
 OPTIMIZER_BYTES = {"fp32": 8.0, "8bit": 2.0 + 8 / 256}  # per trained parameter: two moments (+ block maxima)
 ACTIVATION_BYTES = {"fp32": 68, "bf16": 34, "fp16": 34}  # per token, layer and unit of width
-LOSS_CHUNK = 1024  # tokens whose logits exist at once (recipes/hf_causal_lm computes the loss in chunks)
-LOSS_BYTES = 14  # per token and vocabulary entry of a chunk: 16-bit logits, fp32 copy, softmax, gradient
+LOSS_CHUNK = 512  # tokens whose logits exist at once (``train/lm_loss``: the loss a chunk at a time)
+LOSS_BYTES = 10  # per token and vocabulary entry of a chunk: 16-bit logits, their fp32 copy (the softmax's
+# gradient in place), the 16-bit gradient, and slack for the matmul's output
 MARGIN = 1.1
 OVERHEAD_GB = 0.5  # a CUDA context
 

@@ -47,12 +47,17 @@ class _Fused(torch.autograd.Function):
             t = targets[start : start + chunk]
             logits = (h @ w.T if b is None else torch.addmm(b, h, w.T)).float()
             log_z = torch.logsumexp(logits, dim=-1)
-            loss += (log_z - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            target = t[:, None]
+            picked = logits.gather(1, target)
+            loss += (log_z - picked.squeeze(1)).sum()
             if grad_hidden is None and grad_weight is None and grad_bias is None:
                 continue
-            grad = torch.softmax(logits, dim=-1)  # d(loss)/d(logits) = (softmax - one-hot) / count
-            grad[torch.arange(len(t), device=t.device), t] -= 1
-            grad = (grad / count).to(compute)
+            # d(loss)/d(logits) = (softmax - one-hot) / count, in the logits' own memory; one target a row, so
+            # a scatter (not an indexed write, which deterministic mode serializes) takes the one off
+            grad = logits.sub_(log_z[:, None]).exp_()
+            grad.scatter_(1, target, torch.exp(picked - log_z[:, None]) - 1)
+            grad = grad.div_(count).to(compute)
+            del logits
             if grad_hidden is not None:
                 grad_hidden[start : start + chunk] = (grad @ w).to(hidden.dtype)
             if grad_weight is not None:

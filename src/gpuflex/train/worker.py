@@ -287,6 +287,7 @@ class Replica:
                     tracer.after_step(self.model, self.optimizer)
                 if self.after_step is not None:
                     self.after_step(time.monotonic() - step_began)
+        self.optimizer.zero_grad(set_to_none=True)  # not needed until the next step: memory for what follows
         delta = {n: start[n] - p.detach().cpu() for n, p in trainable(self.model).items()}
         commitment, trace = None, None
         if tracer:
@@ -520,6 +521,7 @@ class _Loop:
                 self.summary.stale.append(label)
                 self.catch_up(state)
                 start, label, late_s = self.replica.global_params(), state.round, state.age_s
+                result = None
                 continue
             self.catch_up(state)
             self.submit(label, result)
@@ -533,6 +535,7 @@ class _Loop:
                 break
             self.catch_up(state)
             start, label, late_s = self.replica.global_params(), state.round, state.age_s
+            result = None  # answered: its kept states go before the next round keeps its own
         self.settle()
         self.summary.finished = bool(state and state.finished)
 

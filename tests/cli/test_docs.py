@@ -1,6 +1,7 @@
 """What a new user reads before running anything — `--help`, the README, the example job's comments —
 says what the code does: the governance rules as the settings set them, the offer query's example
-whole, what the example job needs, the compression methods the spec accepts."""
+whole, what the example job needs, the compression methods the spec accepts, the commands in the examples'
+comments."""
 
 import re
 import shlex
@@ -89,3 +90,29 @@ def test_the_prepared_data_example_runs_as_its_comments_say(tmp_path, monkeypatc
     check_job(manifest, spec)
     assert spec.data.prepared == "./prepared"
     assert len(manifest.train) >= 2 * spec.resources.workers  # each worker fetches whole shards of its own
+
+
+def test_the_smollm2_example_trains_locally_the_job_its_yaml_submits(monkeypatch):
+    """Its `gpuflex train local` line builds the training section of the file it stands in (same rounds,
+    LoRA, precision, data and workers), so running one is running the other."""
+    import gpuflex.cli.train as train_cli
+
+    example = Path(__file__).parents[2] / "examples" / "smollm2-lora.yaml"
+    commands = re.sub(r"\\\n#\s+", " ", example.read_text())  # a comment's continued lines, joined
+    (line,) = re.findall(r"^#\s+gpuflex (train local .*)$", commands, re.MULTILINE)
+    ran = {}
+
+    def run(spec, dataset, code, options, threads, prepared):
+        ran.update(spec=spec, workers=len(options), prepared=prepared)
+        raise SystemExit(0)  # before any training
+
+    monkeypatch.setattr(train_cli, "_run", run)
+    result = CliRunner().invoke(app, shlex.split(line))
+    assert result.exit_code == 0, result.output
+    job = load_job_spec(example)
+    ours, theirs = ran["spec"].model_dump(), job.training.model_dump()
+    for spec in (ours, theirs):
+        spec["model"]["from"] = Path(spec["model"]["from"])  # ./smollm2-135m-instruct, as a Path has it
+    assert ours == theirs
+    assert ran["workers"] == job.resources.workers
+    assert str(ran["prepared"]) == str(Path(job.data.prepared))

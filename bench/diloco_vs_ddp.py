@@ -232,6 +232,8 @@ SIZES = {
         Size("0.4M", ModelSpec(n_layer=2, n_head=4, n_embd=128, block_size=64), 450),
         Size("1.6M", ModelSpec(n_layer=2, n_head=4, n_embd=256, block_size=64), 700),
         Size("20M", ModelSpec(n_layer=6, n_head=8, n_embd=512, block_size=256), 3000, 16),
+        # where the published gap is known (DiLoCo at 4 workers: +2.0%); scripts/gpu-check runs it
+        Size("35M", ModelSpec(n_layer=9, n_head=8, n_embd=576, block_size=256), 3500, 16),
         Size("50M", ModelSpec(n_layer=12, n_head=8, n_embd=576, block_size=256), 4000, 16),
     )
 }

@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,7 +104,8 @@ def main() -> None:
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one side of one case, in a fresh process
     args = parser.parse_args()
     if args.case:
-        print(json.dumps(_run_case(json.loads(args.case))))
+        spec = json.loads(args.case)
+        Path(spec["out"]).write_text(json.dumps(_run_case(spec)))
         return
     report = run(args)
     out = Path(__file__).parent / "results" / f"memory{'-quick' if args.quick else ''}.json"
@@ -168,12 +170,11 @@ def _save(directory: Path, shape: tuple) -> Path:
 
 
 def _subprocess(case: Case | None, side: str, model_dir: str, device: str) -> dict:
-    spec = {
-        "case": None if case is None else asdict(case),
-        "side": side,
-        "model": model_dir,
-        "device": device,
-    }
+    """One side of one case in a fresh process; its result comes back in a file (the profiler prints on
+    stdout)."""
+    out = Path(tempfile.mkdtemp(prefix="bench-memory-case-")) / "result.json"
+    spec = {"case": None if case is None else asdict(case), "side": side, "model": model_dir}
+    spec |= {"device": device, "out": str(out)}
     env = dict(os.environ)
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -186,7 +187,9 @@ def _subprocess(case: Case | None, side: str, model_dir: str, device: str) -> di
     )
     if done.returncode != 0:
         raise SystemExit(f"{side} of {case}: exit {done.returncode}\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(out.read_text())
+    shutil.rmtree(out.parent)
+    return result
 
 
 # -- one side of one case, in its own process -------------------------------------------------------------
@@ -268,14 +271,17 @@ def _status(field: str) -> int:
 
 class LastStep:
     """A worker's ``after_step``: opens the meter's window before the warm-up round's last step, closes it
-    after (its memory is a round's steady state: moments allocated, nothing of a later round yet)."""
+    after (its memory is a round's steady state: moments allocated, nothing of a later round yet). The
+    previous step's gradients go first, as the step would free them: the profiler sees no free of what was
+    allocated before its window, which would count them twice."""
 
-    def __init__(self, meter: Meter, steps: int):
-        self.meter, self.steps, self.done = meter, steps, 0
+    def __init__(self, meter: Meter, steps: int, optimizer):
+        self.meter, self.steps, self.optimizer, self.done = meter, steps, optimizer, 0
 
     def __call__(self, _seconds: float) -> None:
         self.done += 1
         if self.done == self.steps - 1:
+            self.optimizer.zero_grad(set_to_none=True)
             self.meter.begin()
         elif self.done == self.steps:
             self.meter.end()
@@ -364,7 +370,8 @@ def _worker(case: Case, model_dir: str, device: str) -> dict:
     config = TaskConfig(job_id="j", task_id="w", role="worker", worker_index=0, num_workers=1, training=spec)
     meter = Meter(device)
     recipe = get_recipe("hf-causal-lm").from_directory(Path(model_dir), torch.device(device))
-    replica = Replica(config, recipe, data, after_step=LastStep(meter, case.inner_steps))
+    replica = Replica(config, recipe, data)
+    replica.after_step = LastStep(meter, case.inner_steps, replica.optimizer)
     seconds, last, host = 0.0, None, 0
     for label in range(case.rounds + 1):
         last = None  # as a worker does: a round's states go once it is answered, before the next round's

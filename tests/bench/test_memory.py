@@ -1,0 +1,45 @@
+"""``bench/memory.py``'s measure: a window's peak of tensor storage on a CPU, and the host bytes it leaves out."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def memory():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import memory
+    finally:
+        sys.path.remove(str(BENCH))
+    return memory
+
+
+def test_a_windows_peak_is_the_tensors_alive_at_its_start_plus_the_most_it_allocated_at_once(memory):
+    meter = memory.Meter("cpu")
+    kept = torch.ones(2**20)  # 4 MiB, alive before the window and through it
+    meter.begin()
+    a = torch.ones(2**21)  # 8 MiB
+    b = torch.ones(2**21)  # 8 MiB: the peak, 20 MiB with the kept tensor
+    del a, b
+    c = torch.ones(2**20)  # 4 MiB after the peak
+    meter.end()
+    assert meter.window == pytest.approx(20 * 2**20, rel=0.02)
+    assert kept.numel() and c.numel()
+
+
+def test_the_issues_four_training_jobs_meet_their_estimates_targets(memory):
+    table = memory._table()
+    for name in (
+        "8B LoRA r16 q/k/v/o, bf16, checkpointing, 4 x 1,024",
+        "8B QLoRA (nf4)",
+        "1.2B full, bf16, checkpointing, 4 x 1,024",
+        "70B QLoRA over 2 x 24 GB (Llama-2-70B, 1 x 1,024), both devices",
+    ):
+        assert table[name]["met"], (name, table[name])

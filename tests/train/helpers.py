@@ -137,3 +137,29 @@ class Publisher:
                 checkpoint=self.transport.put_blob(self.replica.to_bytes()) if last else None,
             )
         )
+
+
+def audited_round(replica, data: list, segment: int):
+    """Train ``replica``'s round 0, seal it, and have a ``Verifier`` (a model of its own, the same layout)
+    audit ``segment`` of it: the round's result and the audit's verdict."""
+    from gpuflex.protocol.messages import Contribution
+    from gpuflex.train.checkpoint import sha256
+    from gpuflex.train.verifier import Verifier
+
+    start = replica.global_params()
+    blob, result = replica.seal(replica.train_round(start, 0, lambda: False))
+    contribution = Contribution(
+        task_id="w0",
+        node_id="n0",
+        delta=sha256(blob),
+        tokens=result.steps * replica.data.tokens_per_batch,
+        steps=result.steps,
+        train_loss=result.train_loss,
+        commitment=result.commitment,
+        audit_segment=segment,
+    )
+    verifier = Verifier(replica.spec, replica.recipe, data.__getitem__, len(data))
+    (judged,) = verifier.screen(
+        0, start, replica.global_.state_hash(), [(contribution, replica.decode(blob))]
+    )
+    return result, verifier.audit(0, judged, result.audit_state(segment))

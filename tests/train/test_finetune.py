@@ -13,7 +13,7 @@ import transformers
 
 from gpuflex.data.cache import ShardCache
 from gpuflex.errors import BadRequest, HashMismatch
-from gpuflex.protocol.messages import Contribution, TaskConfig
+from gpuflex.protocol.messages import TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.testing import CountingBlobs, save_llama, write_corpus
 from gpuflex.train.checkpoint import sha256
@@ -22,8 +22,9 @@ from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.precision import InnerStep
 from gpuflex.train.pretrained import bundle_model, describe, model_directory
 from gpuflex.train.recipes import build_model, get_recipe
-from gpuflex.train.verifier import Verifier
 from gpuflex.train.worker import Replica, step
+
+from .helpers import audited_round
 
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
@@ -188,25 +189,8 @@ def test_an_audit_re_runs_a_bf16_lora_segment_bit_for_bit_in_its_hardware_class(
     recipe = get_recipe("hf-causal-lm").from_directory(model_dir)
     data = [recipe.build_data(corpus, spec, i, 2) for i in range(2)]
     config = TaskConfig(job_id="j", task_id="w0", role="worker", worker_index=0, num_workers=2, training=spec)
-    replica = Replica(config, recipe, data[0])
-    start = replica.global_params()
-    blob, result = replica.seal(replica.train_round(start, 0, lambda: False))
+    result, finding = audited_round(Replica(config, recipe, data[0]), data, 5)
     assert result.commitment.device == f"cpu/{torch.get_num_threads()}t/bf16"
-    contribution = Contribution(
-        task_id="w0",
-        node_id="n0",
-        delta=sha256(blob),
-        tokens=result.steps * 256,
-        steps=result.steps,
-        train_loss=result.train_loss,
-        commitment=result.commitment,
-        audit_segment=5,
-    )
-    verifier = Verifier(spec, recipe, data.__getitem__, 2)
-    (judged,) = verifier.screen(
-        0, start, replica.global_.state_hash(), [(contribution, replica.decode(blob))]
-    )
-    finding = verifier.audit(0, judged, result.audit_state(5))
     assert not finding.guilty, finding.reason
     assert "bit for bit" in finding.reason
 

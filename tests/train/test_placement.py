@@ -11,16 +11,16 @@ import torch
 import torch.nn.functional as F
 
 from gpuflex.errors import BadRequest
-from gpuflex.protocol.messages import Contribution, TaskConfig
+from gpuflex.protocol.messages import TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.testing import save_llama, write_corpus
-from gpuflex.train.checkpoint import sha256
 from gpuflex.train.commitment import training_state
 from gpuflex.train.lm_loss import chunked_cross_entropy
 from gpuflex.train.placement import frozen_dtype, snapshot_stride
 from gpuflex.train.recipes import get_recipe
-from gpuflex.train.verifier import Verifier
 from gpuflex.train.worker import Replica
+
+from .helpers import audited_round
 
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 CPU = torch.device("cpu")
@@ -56,27 +56,6 @@ def _replica(model_dir: Path, spec: TrainingSpec) -> tuple[Replica, list]:
     return Replica(config, recipe, data[0]), data
 
 
-def _audit(replica: Replica, data: list, segment: int):
-    """Train a round, seal it, and have a verifier (a fresh model of the same layout) audit ``segment``."""
-    start = replica.global_params()
-    blob, result = replica.seal(replica.train_round(start, 0, lambda: False))
-    contribution = Contribution(
-        task_id="w0",
-        node_id="n0",
-        delta=sha256(blob),
-        tokens=result.steps * 128,
-        steps=result.steps,
-        train_loss=result.train_loss,
-        commitment=result.commitment,
-        audit_segment=segment,
-    )
-    verifier = Verifier(replica.spec, replica.recipe, data.__getitem__, 2)
-    (judged,) = verifier.screen(
-        0, start, replica.global_.state_hash(), [(contribution, replica.decode(blob))]
-    )
-    return result, verifier.audit(0, judged, result.audit_state(segment))
-
-
 @pytest.mark.parametrize(("precision", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16)])
 def test_a_lora_base_is_held_once_in_the_steps_dtype_and_the_replica_only_in_host_memory(
     model_dir, precision, dtype
@@ -109,7 +88,7 @@ def test_a_quantized_base_trains_adapters_and_an_audit_re_runs_it_bit_for_bit(mo
     q_proj = replica.model.get_base_model().model.layers[0].self_attn.q_proj
     assert type(q_proj.base_layer).__name__ == layer
     assert all(p.dtype == torch.float32 for p in replica.global_.parameters().values())
-    result, finding = _audit(replica, data, 2)
+    result, finding = audited_round(replica, data, 2)
     assert result.commitment.device == f"cpu/{torch.get_num_threads()}t/bf16/{quantized}"
     assert not finding.guilty, finding.reason
     assert "bit for bit" in finding.reason
@@ -119,7 +98,7 @@ def test_8bit_optimizer_states_are_traced_and_an_audit_re_runs_them_bit_for_bit(
     spec = spec_for(model_dir, optimizer_states="8bit")
     replica, data = _replica(model_dir, spec)
     assert all(type(part).__name__ == "AdamW8bit" for part in replica.optimizer.parts)
-    _, finding = _audit(replica, data, 1)
+    _, finding = audited_round(replica, data, 1)
     state = training_state(replica.model, replica.optimizer)
     assert any(k.startswith("state1.") and v.dtype == torch.uint8 for k, v in state.items())
     assert not finding.guilty, finding.reason

@@ -3,12 +3,19 @@ server before any money moves, and sized for the market's VRAM estimate."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+import yaml
 
 from gpuflex.cli.jobs import upload_model
+from gpuflex.client import Client
 from gpuflex.errors import BadRequest
+from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec, UploadedModel
-from gpuflex.storage.bundles import Bundle
+from gpuflex.storage.bundles import Bundle, bundle_directory
 from gpuflex.testing import save_llama
 
 
@@ -67,3 +74,33 @@ def test_the_server_refuses_a_model_it_does_not_hold_before_money_moves(coordina
                 spec.model_copy(update={"training": spec.training.model_copy(update={"model": model})})
             )
     assert alice.jobs() == [] and alice.balance().balance == 5
+
+
+def test_a_job_no_online_gpu_can_hold_is_refused_before_anything_is_uploaded(
+    coordinator, model_dir, tmp_path
+):
+    """Its one line says by how much and what would fit; the model's blobs never left this machine."""
+    coordinator.node("core-1", core=True)
+    for name in ("card-1", "card-2"):
+        coordinator.node(name, gpu=m.GpuInfo(name="Tiny GPU", vram_gb=0.5, compute_capability="8.6"))
+    token = Client(coordinator.url).create_account("alice").token
+    Client(coordinator.url, token).deposit(5)
+    spec = job(model_dir).model_dump(by_alias=True, exclude_none=True)
+    spec["resources"] = {"workers": 2}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuflex", "submit", "job.yaml", "--url", coordinator.url, "--token", token],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HOME": str(tmp_path), "COLUMNS": "200"},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = " ".join(done.stderr.split())
+    assert "error: no online node can hold this job's workers: a worker needs ≈" in line
+    assert "the largest online GPU node has 1 × 0.5 GB" in line and "set resources.min_vram_gb" in line
+    assert "uploaded" not in done.stdout
+    bundle = bundle_directory(model_dir, coordinator.ctx.settings.max_blob_bytes)[0]
+    assert set(Client(coordinator.url, token).missing_blobs(bundle.digests()).keys) == set(bundle.digests())

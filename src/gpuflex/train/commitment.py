@@ -39,6 +39,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -304,8 +305,10 @@ class RoundTrace:
 
 class Tracer:
     """Builds one round's ``Commitment`` as the worker trains, and keeps the states an audit needs
-    (``RoundTrace``): the start and every ``stride``-th boundary, in host memory. ``seconds``: what that
-    took (hashing and copying states), verification's cost on the worker."""
+    (``RoundTrace``): the start and every ``stride``-th boundary, in host memory. A kept state is copied
+    (from a GPU, asynchronously into pinned memory) and hashed on a thread of its own while the next steps
+    run; one not kept is hashed where it lies, tensor by tensor, so it needs no copy. ``seconds``: what the
+    training thread spent on it (copying, hashing, waiting), verification's cost on the worker."""
 
     def __init__(self, start: Params, seed: int, every: int, device: str, stride: int = 1):
         began = time.perf_counter()
@@ -316,20 +319,19 @@ class Tracer:
         self.device = device
         self.stride = stride
         self.data = hashlib.sha256()
-        self.trace: list[str] = []
+        self.hashes: list[Future[str]] = []
         self.kept: dict[int, Params] = {}  # boundary -> its state, in host memory
         self.lrs: list[list[float]] = []
         self.steps = 0
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuflex-trace")
         self.seconds = time.perf_counter() - began
 
     def before_step(self, model: nn.Module, optimizer: InnerOptimizer, batch: tuple[Tensor, ...]) -> None:
         began = time.perf_counter()
-        if (
-            self.steps == 0
-        ):  # the parameters are the round's start, held already; the optimizer's state is not
+        if self.steps == 0:  # the parameters are the round's start, held already; the optimizer's state not
             state = training_state(model, optimizer)
             self.kept[0] = {
-                k: (self.origin[k[2:]] if k.startswith("p.") else host(v)) for k, v in state.items()
+                k: self.origin[k[2:]] if k.startswith("p.") else host(v) for k, v in state.items()
             }
         if self.steps % self.every == 0:
             self.lrs.append([])
@@ -343,13 +345,20 @@ class Tracer:
             self._boundary(model, optimizer)
 
     def _boundary(self, model: nn.Module, optimizer: InnerOptimizer) -> None:
-        """Hash the state; keep a host copy of it at every ``stride``-th boundary (the copy is hashed)."""
+        """Hash the state: a kept one's copy on the hashing thread, any other here and now."""
         began = time.perf_counter()
         state = training_state(model, optimizer)
-        boundary = len(self.trace) + 1
+        boundary = len(self.hashes) + 1
         if boundary % self.stride == 0:
-            state = self.kept[boundary] = {k: host(v) for k, v in state.items()}
-        self.trace.append(params_hash(state)[:TRACE_HEX])
+            copied = self.kept[boundary] = {k: host(v, non_blocking=True) for k, v in state.items()}
+            ready = torch.cuda.Event() if torch.cuda.is_available() else None
+            if ready is not None:
+                ready.record()
+            self.hashes.append(self._hasher.submit(_hash_when, copied, ready))
+        else:
+            done: Future[str] = Future()
+            done.set_result(params_hash(state))
+            self.hashes.append(done)
         self.seconds += time.perf_counter() - began
 
     def commit(
@@ -362,12 +371,23 @@ class Tracer:
         (``rerun``: how its worker re-derives the states it did not keep)."""
         if self.steps % self.every:
             self._boundary(model, optimizer)
+        began = time.perf_counter()
+        trace = [h.result()[:TRACE_HEX] for h in self.hashes]
+        self._hasher.shutdown()
+        self.seconds += time.perf_counter() - began
         commitment = Commitment(
             seed=self.seed,
             start=self.start,
             data=self.data.hexdigest(),
             every=self.every,
-            trace=self.trace,
+            trace=trace,
             device=self.device,
         )
         return commitment, RoundTrace(self.every, tuple(self.lrs), self.kept, rerun)
+
+
+def _hash_when(state: Params, ready: torch.cuda.Event | None) -> str:
+    """``params_hash`` of host copies once their asynchronous copy from the device is done."""
+    if ready is not None:
+        ready.synchronize()
+    return params_hash(state)

@@ -95,10 +95,12 @@ def _as_in_training(module: nn.Module, _inputs: object) -> None:
     module.training = True
 
 
-def host(tensor: Tensor) -> Tensor:
-    """A host copy of ``tensor`` (fp32 kept as it is), pinned when CUDA is there."""
-    copy = tensor.detach().to("cpu", copy=True)
-    return copy.pin_memory() if torch.cuda.is_available() else copy
+def host(tensor: Tensor, *, non_blocking: bool = False) -> Tensor:
+    """A host copy of ``tensor`` in its dtype, in pinned memory where CUDA is there (so copies to and from
+    the device are DMA transfers); ``non_blocking``: a copy from the device may still be under way when this
+    returns (its stream's order, or an event, says when it is done)."""
+    copy = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
+    return copy.copy_(tensor.detach(), non_blocking=non_blocking and tensor.device.type == "cuda")
 
 
 def snapshot_stride(state_bytes: int, segments: int, budget: int | None = None) -> int:

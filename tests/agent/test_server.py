@@ -28,7 +28,7 @@ LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 def _logits(directory, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return ServedModel.load(directory, device="cpu").model(input_ids=ids).logits
+        return ServedModel.load(directory, device="cpu", dtype="fp32").model(input_ids=ids).logits
 
 
 def test_a_jobs_lora_checkpoint_is_served_merged_over_the_directory_it_tuned(tmp_path):

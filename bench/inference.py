@@ -6,15 +6,15 @@
 Issue 30 names this benchmark: the engine in-process (1, 3 below), the same saved model through the
 coordinator's gateway on a local network with failover (``inference_gateway``, 1b), and the verifier (2, 3).
 
-It builds its own model: a byte-level BPE tokenizer trained on the standard library's source and a
-llama of 5.2M parameters (4 layers, 256 wide, 4 heads, 2,048 tokens, a context of 512), weights drawn
-with ``init_std`` 0.1 as the serve tests do (peaked distributions, layers that matter to the hidden
-states: ``gpuflex.testing.save_llama``), saved to a temporary directory and loaded from it on the CPU
-by ``ServedModel.load``, twice: the provider's instance and the verifier's. Requests are mixed: plain
-prompts (windows of the source text) and chats (a system and a user message), a few to a few hundred
-prompt tokens (``honest_lengths`` gives the range served), greedy and sampled (temperatures 0.6-1.2,
-top_p 1, 0.95 or 0.9, a stop string now and then), 8 to 128 output tokens; an output ends on EOS, a stop
-string or ``max_tokens``.
+It builds its own model: a byte-level BPE tokenizer trained on the standard library's source and a llama
+of 5.2M parameters (4 layers, 256 wide, 4 heads, 2,048 tokens, a context of 512), weights drawn with
+``init_std`` 0.1 as the serve tests do (peaked distributions, layers that matter to the hidden states:
+``gpuflex.testing.save_llama``), saved to a temporary directory and loaded from it on the CPU by
+``ServedModel.load`` in float32 (``inference_dtype.py`` measures 16 bits), twice: the provider's instance
+and the verifier's. Requests are mixed: plain prompts (windows of the source text) and chats (a system
+and a user message), a few to a few hundred prompt tokens (``honest_lengths`` gives the range served),
+greedy and sampled (temperatures 0.6-1.2, top_p 1, 0.95 or 0.9, a stop string now and then), 8 to 128
+output tokens; an output ends on EOS, a stop string or ``max_tokens``.
 
 1. **Direct throughput and TTFT** (``Engine`` called in-process, one torch thread, ``max_batch`` 8): the
    same requests served by 1 and by 8 closed-loop streams (a stream submits its next request when its
@@ -566,8 +566,8 @@ def main() -> None:
     rng = random.Random(args.seed)
     saved = tempfile.TemporaryDirectory(prefix="gpuflex-inference-")  # kept for the gateway's agents
     model_dir = save_llama(Path(saved.name) / "model", documents, seed=args.seed, **MODEL)
-    provider = ServedModel.load(model_dir, device="cpu")
-    verifier = ServedModel.load(model_dir, device="cpu")  # the verifier's own instance
+    provider = ServedModel.load(model_dir, device="cpu", dtype="fp32")
+    verifier = ServedModel.load(model_dir, device="cpu", dtype="fp32")  # the verifier's own instance
     parameters = sum(p.numel() for p in provider.model.parameters())
     print(f"model: {parameters:,} parameters, {len(documents):,} documents", flush=True)
 

@@ -57,8 +57,9 @@ def main() -> None:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="gpuflex-devices-") as saved:
         model_dir = save_llama(Path(saved) / "model", documents, seed=args.seed, **inference.MODEL)
-        loaded = {device: ServedModel.load(model_dir, device=device) for device in ("cpu", "cuda")}
-        verifiers = {device: ServedModel.load(model_dir, device=device) for device in ("cpu", "cuda")}
+        devices = ("cpu", "cuda")
+        loaded = {device: ServedModel.load(model_dir, device=device, dtype="fp32") for device in devices}
+        verifiers = {device: ServedModel.load(model_dir, device=device, dtype="fp32") for device in devices}
 
     pairs = {}
     for prover, verifier in PAIRS:

@@ -181,6 +181,7 @@ def measure(model_dir: Path, prompts: list[list[int]], params: list[SamplingPara
                 "max_price_per_hour": 1.0,
                 "budget": 10.0,
                 "context": 512,
+                "dtype": "fp32",  # as the direct engine: the failover texts are compared to its
             }
         )
         deployment = owner.deploy(spec).id

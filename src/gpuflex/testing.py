@@ -217,12 +217,14 @@ def save_llama(
     context: int = 128,
     seed: int = 0,
     init_std: float = 0.02,
+    dtype: str = "float32",
 ) -> Path:
     """A llama-shaped model with a BPE tokenizer trained on ``documents``, saved as a Hugging Face model
     directory (``save_pretrained``: config.json, model.safetensors, tokenizer files): what a user brings
     to ``training.model.from``. Seeded; nothing downloaded. The vocabulary holds at least the 256 byte ids
     today's byte-level job data trains on. A larger ``init_std`` than transformers' 0.02 gives an untrained
-    model peaked distributions and layers that matter to its hidden states, as a trained one has."""
+    model peaked distributions and layers that matter to its hidden states, as a trained one has. ``dtype``
+    (a torch dtype's name): what the weights are saved in, as a released bf16 model's are."""
     import torch
     import transformers
 
@@ -247,7 +249,7 @@ def save_llama(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers.LlamaForCausalLM(config)
-    model.save_pretrained(directory)
+    model.to(getattr(torch, dtype)).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 

@@ -6,10 +6,13 @@ post's events again."""
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 
+import pytest
 import torch
+from safetensors.torch import load_file
 
 from gpuflex.agent.server import Replica, served_directory
 from gpuflex.errors import RateLimited
@@ -19,6 +22,7 @@ from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.serve.model import ServedModel
 from gpuflex.testing import save_llama
 from gpuflex.train.checkpoint import sha256
+from gpuflex.train.export import export_hf
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.pretrained import bundle_model
 from gpuflex.train.recipes import build_model, get_recipe
@@ -28,16 +32,24 @@ LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 def _logits(directory, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return ServedModel.load(directory, device="cpu").model(input_ids=ids).logits
+        return ServedModel.load(directory, device="cpu", dtype="fp32").model(input_ids=ids).logits
+
+
+def _job(
+    model_dir, lora: dict | None
+) -> tuple[TrainingSpec, dict[str, bytes], GlobalReplica, torch.nn.Module]:
+    """A job tuning ``model_dir`` as the CLI submits it: its spec, the blobs of its model directory, the
+    global replica its checkpoint comes from, and a model to write the replica's weights into."""
+    spec = {"recipe": "hf-causal-lm", "model": {"from": str(model_dir)}, "lora": lora}
+    training, bundle, parts = bundle_model(model_dir, TrainingSpec.model_validate(spec), 64 * 1024)
+    blobs = {p.sha256: p.read() for p in parts} | {sha256(bundle.to_bytes()): bundle.to_bytes()}
+    model = build_model(training, get_recipe("hf-causal-lm").from_directory(model_dir))
+    return training, blobs, GlobalReplica(model, training), model
 
 
 def test_a_jobs_lora_checkpoint_is_served_merged_over_the_directory_it_tuned(tmp_path):
     model_dir = save_llama(tmp_path / "m", ["alpha beta gamma delta. " * 50])
-    spec = {"recipe": "hf-causal-lm", "model": {"from": str(model_dir)}, "lora": LORA}
-    training, bundle, parts = bundle_model(model_dir, TrainingSpec.model_validate(spec), 64 * 1024)
-    blobs = {p.sha256: p.read() for p in parts} | {sha256(bundle.to_bytes()): bundle.to_bytes()}
-    model = build_model(training, get_recipe("hf-causal-lm").from_directory(model_dir))
-    replica = GlobalReplica(model, training)
+    training, blobs, replica, model = _job(model_dir, LORA)
     with torch.no_grad():
         for p in replica.parameters().values():
             p.normal_(0, 0.2)  # adapters that change the answers
@@ -57,6 +69,25 @@ def test_a_jobs_lora_checkpoint_is_served_merged_over_the_directory_it_tuned(tmp
     with served_directory(uploaded, blobs.__getitem__, None) as directory:
         torch.testing.assert_close(_logits(directory, ids), _logits(model_dir, ids))
         assert not torch.allclose(_logits(directory, ids), tuned, atol=1e-3)
+
+
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+def test_a_job_of_a_bf16_model_is_served_in_bf16_though_it_trained_in_fp32(tmp_path, lora):
+    model_dir = save_llama(tmp_path / "m", ["alpha beta gamma delta. " * 50], dtype="bfloat16")
+    training, blobs, replica, _ = _job(model_dir, lora)
+    assert {p.dtype for p in replica.parameters().values()} == {torch.float32}
+    checkpoint = replica.to_bytes()
+    blobs[sha256(checkpoint)] = checkpoint
+    from_job = DeployedModel(
+        job="j-1", checkpoint=sha256(checkpoint), training=training, size=training.model.size
+    )
+    with served_directory(from_job, blobs.__getitem__, None) as directory:
+        assert json.loads((directory / "config.json").read_text())["dtype"] == "bfloat16"
+        served = ServedModel.load(directory, device="cpu")
+        assert {p.dtype for p in served.model.parameters()} == {torch.bfloat16}
+    if lora is not None:  # an adapter, unmerged, is left as peft writes it
+        out = export_hf(checkpoint, training, model_dir, tmp_path / "adapter")
+        assert {t.dtype for t in load_file(out / "adapter_model.safetensors").values()} == {torch.float32}
 
 
 class _Coordinator:

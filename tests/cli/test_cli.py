@@ -83,6 +83,15 @@ def test_a_bad_spec_is_one_line_naming_the_field(tmp_path, command):
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "command", [["deploy", "--model", ".", "--token", "gfx_x", "--url", "http://127.0.0.1:9"], ["serve", "."]]
+)
+def test_a_bad_dtype_is_one_line_naming_the_choices(command):
+    result = _gpuflex(*command, "--dtype", "fp64")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: --dtype fp64: give one of auto, bf16, fp16, fp32"
+
+
 def test_an_unreachable_coordinator_is_one_line(tmp_path):
     result = _gpuflex("jobs", "--token", "gfx_x", "--url", "http://127.0.0.1:9")
     assert result.returncode == 1

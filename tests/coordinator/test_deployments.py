@@ -181,6 +181,20 @@ def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refus
     assert alice.deployments()[-1].name == "h"  # the job's name, not the prefix it was given by
 
 
+def test_the_deploy_clis_dtype_reaches_the_spec(coordinator, model_dir):
+    alice = coordinator.consumer("alice", deposit=5)
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    who = ["--budget", "0.1", "--url", coordinator.url, "--token", token]
+    for dtype in ("fp32", "auto"):
+        deployed = CliRunner().invoke(app, ["deploy", "--model", str(model_dir), "--dtype", dtype, *who])
+        assert deployed.exit_code == 0, deployed.output
+        assert alice.deployment(alice.deployments()[-1].id).spec.dtype == dtype
+    refused = CliRunner().invoke(app, ["deploy", "--model", str(model_dir), "--dtype", "int8", *who])
+    assert isinstance(refused.exception, BadRequest)
+    assert refused.exception.message == "--dtype int8: give one of auto, bf16, fp16, fp32"
+    assert len(alice.deployments()) == 2  # refused before anything was uploaded or deployed
+
+
 def _serve(coordinator, key_id: str, prompt_tokens: int, completion_tokens: int) -> None:
     """What the gateway does as a request is let through and served under the key (a replica's job)."""
     with coordinator.ctx.tx() as s:

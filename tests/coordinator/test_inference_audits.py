@@ -36,11 +36,11 @@ def completion(resumed: int = 0) -> Completion:
 class Served:
     """A deployment with replicas on community nodes n0 and n1 (n1 staked), and a core node."""
 
-    def __init__(self, coordinator, model_dir, audit_rate: float = 1.0):  # noqa: F811
+    def __init__(self, coordinator, model_dir, audit_rate: float = 1.0, dtype: str = "auto"):  # noqa: F811
         self.coordinator = coordinator
         self.alice = coordinator.consumer("alice", deposit=5)
         model = upload_served_model(self.alice, model_dir)
-        self.deployment = self.alice.deploy(spec(model, replicas=2, audit_rate=audit_rate)).id
+        self.deployment = self.alice.deploy(spec(model, replicas=2, audit_rate=audit_rate, dtype=dtype)).id
         self.nodes = [coordinator.node(f"n{i}", price=0.2) for i in range(2)]
         self.grants = [n.lease() for n in self.nodes]
         self.core = coordinator.node("core", price=0.3, core=True)
@@ -74,6 +74,14 @@ def test_a_drawn_request_is_kept_as_served_for_a_core_node_and_never_for_its_own
     monkeypatch.setattr(inference_audits, "CLAIM_S", 0.0)  # (a node's signature outlives no minute of clock)
     assert len(other_core.claim_inference_audits(4).audits) == 2  # not judged in time: handed on
     assert served.alice.deployment(served.deployment).audits == m.InferenceAuditCounts(pending=2)
+
+
+def test_the_deployments_dtype_reaches_its_replicas_and_their_auditors(coordinator, model_dir):  # noqa: F811
+    served = Served(coordinator, model_dir, dtype="fp32")
+    assert [grant.task.dtype for grant in served.grants] == ["fp32", "fp32"]
+    assert served.serve(0)
+    (audit,) = served.core.claim_inference_audits(4).audits
+    assert audit.dtype == "fp32"  # the auditor computes as the replica did
 
 
 def test_no_audit_is_drawn_at_rate_zero_nor_of_a_core_nodes_replica(coordinator, model_dir):  # noqa: F811

@@ -31,8 +31,10 @@ SEED = 5  # the test model draws its end of sequence after 197 tokens with this 
 
 
 def deploy_two_replicas(model_dir: Path, who: list[str]) -> str:
-    """``gpuflex deploy --model DIR --replicas 2`` as its owner (``who``): the deployment's id."""
-    limits = ["--replicas", "2", "--max-price", "0.5", "--budget", "1"]
+    """``gpuflex deploy --model DIR --replicas 2`` as its owner (``who``): the deployment's id. In fp32, where
+    a resumed or batched request rounds as a lone one does, so its text is exactly the uninterrupted run's
+    (bf16 may flip a near tie)."""
+    limits = ["--replicas", "2", "--max-price", "0.5", "--budget", "1", "--dtype", "fp32"]
     out = _cli("deploy", "--model", str(model_dir), *limits, *who)
     return re.search(r"deployed (d-[0-9a-f]+)", out)[1]
 

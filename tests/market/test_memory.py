@@ -9,11 +9,13 @@ from gpuflex.market.memory import (
     LOSS_BYTES,
     MARGIN,
     OVERHEAD_GB,
+    serve_vram_estimate_gb,
     vram_estimate_gb,
     ways_to_fit,
     worker_memory,
 )
 from gpuflex.market.quotes import quote
+from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import ModelSize, TrainingSpec, parse_job_spec
 
 SIZE_FULL = ModelSize(parameters=1_000_000_000, trainable=1_000_000_000, layers=24, hidden=2048)
@@ -21,10 +23,7 @@ SIZE_FULL = ModelSize(parameters=1_000_000_000, trainable=1_000_000_000, layers=
 LLAMA_8B = dict(parameters=8_030_261_248, layers=32, hidden=4096, vocab=128_256, embeddings=1_050_673_152)
 LLAMA_1B = dict(parameters=1_235_814_400, layers=16, hidden=2048, vocab=128_256, embeddings=262_668_288)
 LLAMA_70B = dict(parameters=68_976_648_192, layers=80, hidden=8192, vocab=32_000, embeddings=524_288_000)
-ADAPTERS = {
-    "8B": 13_631_488,
-    "70B": 2 * 16 * 80 * (8192 + 8192 + 8192 + 1024 + 8192 + 1024 + 8192 + 8192) // 2,
-}
+ADAPTERS = {"8B": 13_631_488, "70B": 65_536_000}
 
 
 def table_job(size: dict, **training) -> TrainingSpec:
@@ -176,3 +175,48 @@ def test_a_quote_says_when_no_online_gpu_holds_a_worker_and_what_would():
     assert q.host_estimate_gb > 100  # an 8B full fine-tune's outer state: 28 bytes a parameter in host memory
     small = parse_job_spec({"name": "small", "training": job().training.model_dump(by_alias=True)})
     assert quote(small, offers).too_big is None
+
+
+# Llama-3-8B as train/pretrained.describe counts it: 32 layers, 4,096 wide, 8 KV heads of 128, saved in bf16
+LLAMA_3_8B = ModelSize(
+    parameters=8_030_261_248,
+    trainable=8_030_261_248,
+    layers=32,
+    hidden=4096,
+    vocab=128_256,
+    embeddings=2 * 128_256 * 4096,
+    kv_width=8 * 128,
+    dtype="bf16",
+)
+
+
+def test_an_8b_llama_served_at_4096_tokens_for_8_requests_fits_a_24_gb_card():
+    estimate = serve_vram_estimate_gb(LLAMA_3_8B, context=4096, max_batch=8)
+    weights = 2 * 8_030_261_248  # 16.1 GB in bf16
+    kv_cache = 2 * 32 * 1024 * 4096 * 8 * 2  # keys and values, 8 KV heads: 4.3 GB in bf16
+    activations = 4 * 8 * 128_256 + 32 * 4096 * 4096  # fp32 logits of a decode step, a whole-context prefill
+    assert estimate == pytest.approx(
+        (weights + kv_cache + activations) * MARGIN / 2**30 + OVERHEAD_GB, abs=0.1
+    )
+    assert estimate <= 24
+
+
+def test_the_serve_estimate_counts_the_dtype_served_and_grouped_query_attentions_cache():
+    auto = serve_vram_estimate_gb(LLAMA_3_8B, 4096, 8)
+    assert serve_vram_estimate_gb(LLAMA_3_8B, 4096, 8, "bf16") == auto  # auto serves 16 bits on a GPU
+    assert serve_vram_estimate_gb(LLAMA_3_8B, 4096, 8, "fp16") == auto
+    fp32 = serve_vram_estimate_gb(LLAMA_3_8B, 4096, 8, "fp32")
+    assert 1.9 * auto < fp32 < 2 * auto  # weights and cache twice as wide, the activations alike
+    fp32_checkpoint = LLAMA_3_8B.model_copy(update={"dtype": "fp32"})  # auto serves it in bf16 too
+    assert serve_vram_estimate_gb(fp32_checkpoint, 4096, 8) == auto
+    full_width = LLAMA_3_8B.model_copy(update={"kv_width": None})  # unknown: the cache at hidden's width
+    assert serve_vram_estimate_gb(full_width, 4096, 8) > auto + 12  # 4x the 4.3 GB cache, with the margin
+
+
+def test_a_deployments_dtype_reaches_its_replicas_memory_need():
+    spec = {"name": "chat", "model": {"from": "./m", "size": LLAMA_3_8B.model_dump()}, "context": 4096}
+    auto = Requirements.from_spec(DeploymentSpec.model_validate(spec))
+    fp32 = Requirements.from_spec(DeploymentSpec.model_validate({**spec, "dtype": "fp32"}))
+    assert auto.gpu_vram_gb == serve_vram_estimate_gb(LLAMA_3_8B, 4096, 8)
+    assert fp32.gpu_vram_gb == serve_vram_estimate_gb(LLAMA_3_8B, 4096, 8, "fp32")
+    assert unmet(gpu(24), auto) == [] and unmet(gpu(24), fp32) != []

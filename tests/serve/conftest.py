@@ -34,7 +34,22 @@ def model_dir(tmp_path_factory, corpus_lines) -> Path:
 
 @pytest.fixture(scope="session")
 def served(model_dir) -> ServedModel:
-    return ServedModel.load(model_dir, device="cpu")
+    return ServedModel.load(model_dir, device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def served_bf16(tmp_path_factory, corpus_lines) -> ServedModel:
+    """A wider model (256: int8 weights move 16-bit hidden states farther than at 64, the rest as above)
+    as a replica serves it by default: its fp32 checkpoint in bf16."""
+    wide = save_llama(
+        tmp_path_factory.mktemp("serve-wide") / "m",
+        ["\n".join(corpus_lines)],
+        hidden=256,
+        heads=4,
+        context=256,
+        init_std=0.1,
+    )
+    return ServedModel.load(wide, device="cpu")
 
 
 @pytest.fixture(scope="session")

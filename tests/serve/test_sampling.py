@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -95,3 +96,15 @@ def test_every_drawn_token_has_no_gap_when_a_whole_output_is_replayed_at_once(pa
     assert gaps(logits, params, drawn, 0.0).tolist() == [0.0] * len(drawn)
     other = [(t + 1) % 300 for t in drawn]
     assert (gaps(logits, params, other, 0.0) > 0).all()
+
+
+def test_a_token_at_the_nucleuss_edge_never_wins_against_the_claim():
+    # the third token's mass before it is 0.8: inside a top_p of 0.805, outside it by 0.01 less
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])).repeat(200, 1)
+    params = SamplingParams(top_p=0.805, seed=4)
+    # a provider whose logits left the edge token out draws from the others
+    claimed = [choose(logits[i], replace(params, top_p=0.8), i) for i in range(len(logits))]
+    edge = [i for i in range(len(logits)) if choose(logits[i], params, i) == 2]
+    assert edge  # positions where the verifier's own logits draw the edge token
+    assert (gaps(logits, params, claimed, 0.0)[edge] > 0).all()
+    assert gaps(logits, params, claimed, 0.01).tolist() == [0.0] * len(logits)

@@ -1,5 +1,6 @@
 """Verification: honest outputs pass whatever thread count and batch produced them; every cheat of
-``gpuflex.serve.cheats`` fails, on the check that should catch it."""
+``gpuflex.serve.cheats`` fails, on the check that should catch it. In float32, and in bf16 by its own
+thresholds (``Thresholds.for_dtype``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from gpuflex.serve import cheats
 from gpuflex.serve.engine import Completion, Engine
 from gpuflex.serve.sampling import SamplingParams
-from gpuflex.serve.verify import Finding, verify
+from gpuflex.serve.verify import Finding, Thresholds, verify
 
 from .helpers import generate, threads
 
@@ -137,3 +138,41 @@ def test_a_malformed_claim_fails(served, conversations, honest):
     )
     assert "seed" in verify(served, prompt, tokens, replace(claim.params, seed=None), fingerprints).reason
     assert not verify(served, prompt, [], claim.params, ()).ok
+
+
+@pytest.fixture(scope="module")
+def served_bf16(served_bf16):
+    return replace(served_bf16, eos=frozenset())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(("batch", "prover_threads", "verifier_threads"), [(1, 1, 2), (4, 2, 1)])
+def test_honest_bf16_outputs_pass_by_bf16s_thresholds(
+    served_bf16, conversations, temperature, batch, prover_threads, verifier_threads
+):
+    prompts, params = prompts_of(served_bf16, conversations), asked(len(conversations), temperature)
+    claims = generate(served_bf16, prompts, params, batch=batch, threads_n=prover_threads)
+    with threads(verifier_threads):
+        findings = {
+            dtype: [
+                verify(served_bf16, prompt, list(claim.tokens), claim.params, claim.fingerprints, thresholds)
+                for prompt, claim in zip(prompts, claims, strict=True)
+            ]
+            for dtype, thresholds in (("bf16", None), ("fp32", Thresholds()))
+        }
+    assert all(f.ok for f in findings["bf16"]), [f for f in findings["bf16"] if not f.ok]
+    assert not all(f.ok for f in findings["fp32"])  # bf16 rounds apart where float32 agrees
+
+
+@pytest.mark.parametrize("cheat", ["a smaller model", "int8 weights", "int4 weights"])
+def test_a_cheaper_model_is_caught_in_bf16(served_bf16, conversations, cheat):
+    model = {
+        "a smaller model": lambda: cheats.drop_layers(served_bf16, 1),
+        "int8 weights": lambda: cheats.quantize(served_bf16, 8),
+        "int4 weights": lambda: cheats.quantize(served_bf16, 4),
+    }[cheat]()
+    prompts, params = prompts_of(served_bf16, conversations), asked(len(conversations))
+    claims = generate(model, prompts, params, batch=4)
+    findings = judge(served_bf16, prompts, params, claims)
+    assert not any(f.ok for f in findings), [f for f in findings if f.ok]
+    assert all(re.search(FINGERPRINTS, f.reason) for f in findings), [f.reason for f in findings]

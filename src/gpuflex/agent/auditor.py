@@ -7,7 +7,8 @@
 A core node audits any deployment; a community node, only while no core node is online, the deployments
 it serves a replica of (the coordinator's rule, ``services.inference_audits``). The model is loaded once
 from the node's cache (``server.served_directory``: the files a replica of it fetched are there already)
-and kept while the audits are of it; the check is one prefill, no decoding and no gradients.
+in the deployment's dtype, as its replicas serve it, and kept while the audits are of it; the check is
+one prefill, no decoding and no gradients, judged by the thresholds of that dtype.
 """
 
 from __future__ import annotations
@@ -59,14 +60,16 @@ class InferenceAuditor:
         except binascii.Error as err:
             return Finding(False, f"a fingerprint is not base64: {err}")
         params = SamplingParams(audit.temperature, audit.top_p, max(1, len(audit.tokens)), seed=audit.seed)
-        return verify(self._model(audit.model), audit.prompt, audit.tokens, params, fingerprints)
+        model = self._model(audit.model, audit.dtype)
+        return verify(model, audit.prompt, audit.tokens, params, fingerprints)
 
-    def _model(self, model: DeployedModel) -> ServedModel:
-        key = model.model_dump_json()
+    def _model(self, model: DeployedModel, dtype: str) -> ServedModel:
+        """The model as the deployment's replicas serve it: its numerics are what the audit compares."""
+        key = f"{dtype} {model.model_dump_json()}"
         if self._loaded is None or self._loaded[0] != key:
             self._loaded = None  # the previous model's memory goes before the next loads
             with served_directory(model, self.client.get_blob, self.cache) as directory:
-                self._loaded = (key, ServedModel.load(directory))
+                self._loaded = (key, ServedModel.load(directory, dtype=dtype))
         return self._loaded[1]
 
 

@@ -56,14 +56,16 @@ def run_server(
     """Serve the deployment's model until told to stop; ``poller`` and ``sender`` are two connections
     with the task's token (a poll waiting must not hold up the events)."""
     with served_directory(config.model, poller.get_blob, cache) as directory:
-        model = ServedModel.load(directory)
+        model = ServedModel.load(directory, dtype=config.dtype)
         if config.adversary is not None:  # testing only: a cheating provider (``cheats.SERVING``)
             log.warning("TESTING ONLY: replica %d plays adversary %r", config.replica, config.adversary)
             model = cheats.SERVING[config.adversary](model)
         engine = Engine(model, max_batch=config.max_batch)
         try:
             replica = Replica(LocalBackend(engine, config.job_id, config.context), sender)
-            log.info("replica %d of %s serving (%s)", config.replica, config.job_id, engine.model.device)
+            log.info(
+                "replica %d of %s serving (%s, %s)", config.replica, config.job_id, model.device, model.dtype
+            )
             replica.serve(poller, should_stop)
         finally:
             engine.close()

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from gpuflex.cli.jobs import print_events, upload_model, verdict_table
-from gpuflex.cli.options import Token, Url
+from gpuflex.cli.options import Dtype, Token, Url
 from gpuflex.cli.output import Json, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.client import Client
@@ -60,6 +60,7 @@ def deploy(
             "a replica caught serving another model is slashed, barred and replaced",
         ),
     ] = DeploymentSpec.model_fields["audit_rate"].default,
+    dtype: Dtype = DeploymentSpec.model_fields["dtype"].default,
     url: Url = None,
     token: Token = None,
 ) -> None:
@@ -80,6 +81,7 @@ def deploy(
         "budget": budget,
         "context": context,
         "audit_rate": audit_rate,
+        "dtype": dtype,
     }
     try:
         spec = DeploymentSpec.model_validate(fields)

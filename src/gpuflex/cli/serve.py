@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gpuflex.cli.options import Dtype
 from gpuflex.errors import BadRequest
 
 console = Console(stderr=True, soft_wrap=True)
@@ -61,7 +62,7 @@ def examples(base: str, name: str, key: str) -> str:
     )
 
 
-def create_app(directory: Path, name: str, api_key: str | None, max_batch: int):
+def create_app(directory: Path, name: str, api_key: str | None, max_batch: int, dtype: str = "auto"):
     """The app and its engine (the caller closes it): the OpenAI routes over the model in ``directory``."""
     import transformers
     from fastapi import FastAPI
@@ -75,7 +76,7 @@ def create_app(directory: Path, name: str, api_key: str | None, max_batch: int):
         raise BadRequest(f"{directory} holds no config.json: give a save_pretrained model directory")
     transformers.logging.disable_progress_bar()  # one line says it is loading; a bar per file adds nothing
     try:
-        engine = Engine(ServedModel.load(directory), max_batch=max_batch)
+        engine = Engine(ServedModel.load(directory, dtype=dtype), max_batch=max_batch)
     except (OSError, ValueError) as err:
         raise BadRequest(f"cannot load the model in {directory}: {err}") from None
     backend = LocalBackend(engine, name)
@@ -99,6 +100,7 @@ def serve(
         str | None, typer.Option(help="the key clients must send (Authorization: Bearer KEY)")
     ] = None,
     max_batch: Annotated[int, typer.Option(min=1, help="requests decoded together at most")] = 8,
+    dtype: Dtype = "auto",
 ) -> None:
     """Serve a model directory on this machine with an OpenAI-compatible API (/v1/chat/completions,
     /v1/completions, /v1/models). Ctrl-C stops it."""
@@ -107,10 +109,11 @@ def serve(
     check_exposure(host, api_key)
     name = name or directory.resolve().name
     console.print(f"loading {escape(str(directory))} …")
-    app, engine = create_app(directory, name, api_key, max_batch)
+    app, engine = create_app(directory, name, api_key, max_batch, dtype)
     model = engine.model
     console.print(
-        f"serving {escape(name)} ({model.device}, context {model.context} tokens) at {base_url(host, port)}, "
+        f"serving {escape(name)} ({model.device}, {model.dtype}, context {model.context} tokens) at "
+        f"{base_url(host, port)}, "
         + ("with its API key" if api_key else "without a key, on loopback only (--api-key KEY requires one)"),
         highlight=False,
     )

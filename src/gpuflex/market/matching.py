@@ -81,7 +81,7 @@ class Requirements:
             size = spec.model.size
             estimate = None
             if r.min_vram_gb is None and size is not None:
-                estimate = serve_vram_estimate_gb(size, spec.context, spec.max_batch)
+                estimate = serve_vram_estimate_gb(size, spec.context, spec.max_batch, spec.dtype)
             workers, min_workers, core_workers, core_fallback = spec.replicas, 1, 0, True
             devices, needs = 1, ()
         else:

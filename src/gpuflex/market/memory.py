@@ -151,12 +151,23 @@ def _gib(nbytes: float) -> float:
     return math.ceil((nbytes * MARGIN / GIB + OVERHEAD_GB) * 10) / 10
 
 
-def serve_vram_estimate_gb(size: ModelSize, context: int, max_batch: int) -> float:
-    """GiB of GPU memory one replica of a deployment needs, rounded up to a tenth: its weights (fp32, to
-    err high) and a KV cache as full as its limits allow (keys and values of every layer, fp32, for
-    ``max_batch`` requests of ``context`` tokens; grouped-query attention's smaller cache errs high)."""
-    kv_cache = 2 * 4 * size.layers * size.hidden * context * max_batch
-    total = 4 * size.parameters + kv_cache
+PREFILL_BYTES = 32  # per token and unit of width: one layer's working set in a 16-bit prefill
+
+
+def serve_vram_estimate_gb(size: ModelSize, context: int, max_batch: int, dtype: str = "auto") -> float:
+    """GiB of GPU memory one replica of a deployment needs, rounded up to a tenth. Its weights in the dtype
+    it serves (``serve.model.serving_dtype``: 2 bytes a value but where fp32 is asked; auto serves a 16-bit
+    dtype on a GPU); a KV cache as full as its limits allow, in that dtype (keys and values of every layer
+    for ``max_batch`` requests of ``context`` tokens, ``kv_width`` wide: grouped-query attention's fewer
+    heads, the full width where unknown); and one step's activations: the logits of ``max_batch`` rows in
+    fp32 and the prefill of a whole context (``PREFILL_BYTES``: the MLP's gate, up and product at ~3.5x
+    the width, the residual stream and attention's projections). Left to the margin: the outputs of every
+    layer a prefill keeps for the fingerprints (2 bytes per layer, token and unit of width; 1 GiB for an 8B
+    model at 4,096 tokens). Not counted: several long prompts joining at once, prefilled together."""
+    width = 4 if dtype == "fp32" else 2
+    kv_cache = 2 * size.layers * (size.kv_width or size.hidden) * context * max_batch * width
+    logits = 4 * max_batch * (size.vocab or 0)  # unknown only in sizes counted before vocab was: a few MB
+    total = width * size.parameters + kv_cache + logits + PREFILL_BYTES * context * size.hidden
     return math.ceil((total * MARGIN / GIB + OVERHEAD_GB) * 10) / 10
 
 

@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, model_validator
 from gpuflex.protocol.spec import ModelSize, TrainingSpec, UploadedModel, _Strict
 
 MAX_REPLICAS = 64
+ServeDtype = Literal["auto", "bf16", "fp16", "fp32"]
 
 
 class DeployedModel(_Strict):
@@ -88,4 +89,9 @@ class DeploymentSpec(_Strict):
     )
     max_batch: Annotated[int, Field(ge=1, le=256)] = Field(
         8, description="requests a replica decodes together (continuous batching)"
+    )
+    dtype: ServeDtype = Field(
+        "auto",
+        description="the weights' and KV cache's dtype on replicas and auditors alike: auto is the model's "
+        "saved dtype when 16-bit, else bf16; fp16 needs CUDA (fp32 elsewhere)",
     )

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpuflex.protocol.deployment import MAX_REPLICAS, DeployedModel, DeploymentSpec
+from gpuflex.protocol.deployment import MAX_REPLICAS, DeployedModel, DeploymentSpec, ServeDtype
 from gpuflex.protocol.spec import DATASET_NAME, JobSpec, TrainingSpec
 
 API_VERSION = "v1"
@@ -261,6 +261,7 @@ class ServerConfig(Message):
     model: DeployedModel
     context: int
     max_batch: int
+    dtype: ServeDtype = "auto"
     adversary: str | None = Field(
         None, description="testing only: the gpuflex.serve.cheats.SERVING kind this replica plays"
     )
@@ -861,6 +862,7 @@ class InferenceAudit(Message):
     id: int
     deployment_id: str
     model: DeployedModel
+    dtype: ServeDtype = Field("auto", description="the deployment's: what its replicas served in")
     prompt: list[int]
     tokens: list[int]
     temperature: float

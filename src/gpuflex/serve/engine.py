@@ -33,6 +33,7 @@ import inspect
 import queue
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -290,18 +291,35 @@ class _Running:
             self.mask, self.position = self.mask[index], self.position[index]
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.size, 1)], dim=1)
         self.position = self.position + 1
-        out = self.served.model(
-            input_ids=torch.tensor(tokens, device=self.served.device)[:, None],
-            attention_mask=self.mask,
-            position_ids=self.position,
-            **{_cache_keyword(type(self.served.model)): self.cache},
-            use_cache=True,
-            output_hidden_states=True,
-        )
+        with _last_hidden(self.served.model) as hidden:
+            out = self.served.model(
+                input_ids=torch.tensor(tokens, device=self.served.device)[:, None],
+                attention_mask=self.mask,
+                position_ids=self.position,
+                **{_cache_keyword(type(self.served.model)): self.cache},
+                use_cache=True,
+            )
         self.logits = out.logits[:, -1]
         for row, request in enumerate(self.requests):
-            request._fingerprinter.add(out.hidden_states[-1][row, -1])
+            request._fingerprinter.add(hidden[0][row, -1])
         _prove_full(self.requests)
+
+
+@contextmanager
+def _last_hidden(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
+    """The last layer's hidden states (after the final norm: what ``hidden_states[-1]`` holds) of the
+    forward calls made inside, from a hook on the decoder: ``output_hidden_states`` would keep every
+    layer's, a whole prefill's activations over again."""
+    caught: list[torch.Tensor] = []
+
+    def keep(_module: torch.nn.Module, _args: object, output: object) -> None:
+        caught[:] = [output[0]]  # the decoder's last_hidden_state
+
+    handle = model.get_decoder().register_forward_hook(keep)
+    try:
+        yield caught
+    finally:
+        handle.remove()
 
 
 @functools.cache
@@ -333,18 +351,18 @@ def _prefill(served: ServedModel, batch: list[Request]):
     mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=served.device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = transformers.DynamicCache(config=served.model.config)
-    out = served.model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        **{_cache_keyword(type(served.model)): cache},
-        use_cache=True,
-        output_hidden_states=True,
-        logits_to_keep=1,
-    )
+    with _last_hidden(served.model) as hidden:
+        out = served.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            **{_cache_keyword(type(served.model)): cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
     for row, request in enumerate(batch):
         # output position j is drawn from the hidden state before it: the resumed ones' and the next one's
-        request._fingerprinter.add(out.hidden_states[-1][row, width - len(request.resume) - 1 :])
+        request._fingerprinter.add(hidden[0][row, width - len(request.resume) - 1 :])
     _prove_full(batch)
     return out.logits[:, -1], cache, mask, positions[:, -1:]
 

@@ -91,14 +91,16 @@ def gumbel(seed: int, position: int, vocab: int) -> torch.Tensor:
     return -torch.log(-torch.log(uniform.clamp_(min=1e-300)))
 
 
-def nucleus(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def nucleus(logits: torch.Tensor, params: SamplingParams, slack: float = 0.0) -> torch.Tensor:
     """The top-p nucleus of each row (a boolean mask): the most probable tokens whose mass before each is
-    under top_p."""
+    under top_p (under top_p + ``slack``, which may be negative; the most probable token always)."""
     probs = torch.softmax(logits / params.temperature, dim=-1)
     order = torch.argsort(probs, dim=-1, descending=True, stable=True)
     ranked = probs.gather(-1, order)
     before = torch.cumsum(ranked, dim=-1) - ranked
-    return torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, before < params.top_p)
+    inside = before < params.top_p + slack
+    inside[..., 0] = True
+    return torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, inside)
 
 
 def _noisy(logits: torch.Tensor, params: SamplingParams, positions: Sequence[int]) -> torch.Tensor:
@@ -129,21 +131,21 @@ def gaps(
     logits: torch.Tensor, params: SamplingParams, tokens: Sequence[int], nucleus_slack: float
 ) -> np.ndarray:
     """For each output position i (row i of ``logits``), how far ``tokens[i]`` was from being chosen, in
-    logits: 0 when it is the choice, else the winner's score minus its own. A token just outside the
-    nucleus (less than ``nucleus_slack`` of probability mass beyond top_p) is scored as if inside; one
-    further out is infinitely far. All rows at once: one sort of the nucleus for the whole output."""
+    logits: 0 when it is the choice, else the winner's score minus its own. The nucleus's edge is blurred
+    by ``nucleus_slack`` of probability mass either way, since the provider's logits put it a little
+    elsewhere: a claimed token that far beyond it is scored as if inside (one further out is infinitely
+    far), and a token that close inside it never wins against the claim. All rows at once: one sort of
+    the nucleus for the whole output."""
     logits = logits.detach().to("cpu", torch.float64)
     index = torch.tensor(list(tokens), dtype=torch.long)[:, None]
     if params.greedy:
         return (logits.max(dim=-1).values - logits.gather(-1, index)[:, 0]).numpy()
     raw = _noisy(logits, params, range(len(tokens)))
-    inside = torch.ones_like(raw, dtype=torch.bool) if params.top_p >= 1 else nucleus(logits, params)
-    best = raw.masked_fill(~inside, -math.inf).max(dim=-1).values
-    result = (best - raw.gather(-1, index)[:, 0]).numpy()
-    outside = ~inside.gather(-1, index)[:, 0]
-    if outside.any():
-        wide = replace(params, top_p=min(1.0, params.top_p + nucleus_slack))
-        near = nucleus(logits[outside], wide).gather(-1, index[outside])[:, 0]
-        far = outside.nonzero()[:, 0][~near]
-        result[far.numpy()] = math.inf
-    return result
+    if params.top_p >= 1:
+        best = raw.max(dim=-1).values
+        return (best - raw.gather(-1, index)[:, 0]).numpy()
+    best = raw.masked_fill(~nucleus(logits, params, -nucleus_slack), -math.inf).max(dim=-1).values
+    result = (best - raw.gather(-1, index)[:, 0]).clamp(min=0)
+    outside = ~nucleus(logits, params, nucleus_slack).gather(-1, index)[:, 0]
+    result[outside] = math.inf
+    return result.numpy()

@@ -114,10 +114,12 @@ def claim(session: Session, node: Node, limit: int, now: float) -> m.InferenceAu
 
 
 def _view(row: InferenceAudit, deployment: Job) -> m.InferenceAudit:
+    spec = specs.deployment(deployment)
     return m.InferenceAudit(
         id=row.id,
         deployment_id=row.job_id,
-        model=specs.deployment(deployment).model,
+        model=spec.model,
+        dtype=spec.dtype,
         prompt=row.prompt,
         tokens=row.tokens,
         temperature=row.params["temperature"],

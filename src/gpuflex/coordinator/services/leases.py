@@ -217,6 +217,7 @@ def _task_config(task: Row, spec: specs.Spec, weights: dict[str, int] | None) ->
             model=spec.model,
             context=spec.context,
             max_batch=spec.max_batch,
+            dtype=spec.dtype,
         )
     return TaskConfig(
         job_id=task.job_id,

@@ -161,9 +161,9 @@ def serve_vram_estimate_gb(size: ModelSize, context: int, max_batch: int, dtype:
     for ``max_batch`` requests of ``context`` tokens, ``kv_width`` wide: grouped-query attention's fewer
     heads, the full width where unknown); and one step's activations: the logits of ``max_batch`` rows in
     fp32 and the prefill of a whole context (``PREFILL_BYTES``: the MLP's gate, up and product at ~3.5x
-    the width, the residual stream and attention's projections). Left to the margin: the outputs of every
-    layer a prefill keeps for the fingerprints (2 bytes per layer, token and unit of width; 1 GiB for an 8B
-    model at 4,096 tokens). Not counted: several long prompts joining at once, prefilled together."""
+    the width, the residual stream and attention's projections; the fingerprints read the last layer's
+    outputs alone, ``serve.engine._last_hidden``). Not counted: several long prompts joining at once,
+    prefilled together."""
     width = 4 if dtype == "fp32" else 2
     kv_cache = 2 * size.layers * (size.kv_width or size.hidden) * context * max_batch * width
     logits = 4 * max_batch * (size.vocab or 0)  # unknown only in sizes counted before vocab was: a few MB

@@ -22,6 +22,7 @@ from gpuflex.market.matching import Requirements
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec
+from gpuflex.storage.bundles import bundle_directory
 from gpuflex.testing import check_invariants, save_llama
 
 
@@ -193,6 +194,22 @@ def test_the_deploy_clis_dtype_reaches_the_spec(coordinator, model_dir):
     assert isinstance(refused.exception, BadRequest)
     assert refused.exception.message == "--dtype int8: give one of auto, bf16, fp16, fp32"
     assert len(alice.deployments()) == 2  # refused before anything was uploaded or deployed
+
+
+def test_a_deployment_no_online_gpu_can_hold_is_refused_before_its_model_is_uploaded(coordinator, model_dir):
+    coordinator.node("core-1", core=True)
+    coordinator.node("card", gpu=m.GpuInfo(name="Tiny GPU", vram_gb=0.5, compute_capability="8.6"))
+    alice = coordinator.consumer("alice", deposit=5)
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    who = ["--url", coordinator.url, "--token", token]
+    refused = CliRunner().invoke(app, ["deploy", "--model", str(model_dir), "--dtype", "fp32", *who])
+    assert isinstance(refused.exception, BadRequest)
+    message = refused.exception.message
+    assert message.startswith("no online node can hold this deployment's replicas: a replica needs ≈ ")
+    assert "the largest online GPU has 0.5 GB" in message
+    assert alice.deployments() == []
+    files = bundle_directory(model_dir, coordinator.ctx.settings.max_blob_bytes)[0].digests()
+    assert set(alice.missing_blobs(files).keys) == set(files)  # none of its files was uploaded
 
 
 def _serve(coordinator, key_id: str, prompt_tokens: int, completion_tokens: int) -> None:

@@ -10,6 +10,7 @@ from gpuflex.market.memory import (
     MARGIN,
     OVERHEAD_GB,
     serve_vram_estimate_gb,
+    serve_ways_to_fit,
     vram_estimate_gb,
     ways_to_fit,
     worker_memory,
@@ -220,3 +221,10 @@ def test_a_deployments_dtype_reaches_its_replicas_memory_need():
     assert auto.gpu_vram_gb == serve_vram_estimate_gb(LLAMA_3_8B, 4096, 8)
     assert fp32.gpu_vram_gb == serve_vram_estimate_gb(LLAMA_3_8B, 4096, 8, "fp32")
     assert unmet(gpu(24), auto) == [] and unmet(gpu(24), fp32) != []
+
+
+def test_what_would_make_a_replica_fit_is_its_dtype_then_a_shorter_context():
+    assert serve_ways_to_fit(LLAMA_3_8B, 4096, 8, "fp32", 24)[0].startswith("--dtype bf16 (≈ ")
+    shorter = serve_ways_to_fit(LLAMA_3_8B, 8192, 8, "auto", 24)
+    assert shorter == [f"--context 4096 (≈ {serve_vram_estimate_gb(LLAMA_3_8B, 4096, 8):g} GB)"]
+    assert serve_ways_to_fit(LLAMA_3_8B, 4096, 8, "auto", 8) == []  # its weights alone are 15 GiB

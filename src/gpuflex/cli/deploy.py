@@ -16,9 +16,10 @@ from gpuflex.cli.output import Json, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
+from gpuflex.market.memory import serve_vram_estimate_gb, serve_ways_to_fit
 from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
 from gpuflex.protocol.messages import DeploymentInfo, DeploymentKeyCreated, KeyUsage
-from gpuflex.protocol.spec import JobSpec, describe_validation_error
+from gpuflex.protocol.spec import JobSpec, ModelSize, describe_validation_error
 
 deployment_app = typer.Typer(help="Follow and manage one deployment.", no_args_is_help=True)
 key_app = typer.Typer(help="API keys scoped to one deployment.", no_args_is_help=True)
@@ -32,11 +33,42 @@ DeploymentId = Annotated[
 def upload_served_model(client: Client, directory: Path) -> DeployedModel:
     """A ``save_pretrained`` directory, checked, sized and uploaded as a job's ``model.from`` is (what the
     blob store holds already is not sent again)."""
-    probe = JobSpec.model_validate(
+    model = upload_model(client, _as_job(directory)).training.model
+    return DeployedModel(from_=model.from_, uploaded=model.uploaded, size=model.size)
+
+
+def _as_job(directory: Path) -> JobSpec:
+    """A job on ``directory``: what checks, sizes and uploads a model directory does it for a deployment."""
+    return JobSpec.model_validate(
         {"name": "deploy", "training": {"recipe": "hf-causal-lm", "model": {"from": str(directory)}}}
     )
-    model = upload_model(client, probe).training.model
-    return DeployedModel(from_=model.from_, uploaded=model.uploaded, size=model.size)
+
+
+def _size(directory: Path) -> ModelSize:
+    """A model directory's size, counted on the meta device (nothing read but its config)."""
+    from gpuflex.train.pretrained import sized  # transformers: only when a directory is deployed
+
+    size = sized(_as_job(directory).training).model.size
+    assert size is not None, "sized counts a model directory"
+    return size
+
+
+def _check_fits(client: Client, size: ModelSize | None, context: int, max_batch: int, dtype: str) -> None:
+    """Refuse, in one line with what would fit, a replica no online GPU node can hold by the market's
+    estimate (a CPU node, which serves from its RAM, is not held to it; with none of either, it waits)."""
+    gpus = [o for o in client.offers() if o.state == "online" and o.vram_gb > 0]
+    if size is None or not gpus:
+        return
+    need = serve_vram_estimate_gb(size, context, max_batch, dtype)
+    largest = max(o.vram_gb for o in gpus)
+    if need <= largest:
+        return
+    ways = serve_ways_to_fit(size, context, max_batch, dtype, largest)
+    fits = f"it would fit with {'; or '.join(ways)}" if ways else "no --dtype or --context makes it fit"
+    raise BadRequest(
+        f"no online node can hold this deployment's replicas: a replica needs ≈ {need:g} GB of VRAM by the "
+        f"market's estimate; the largest online GPU has {largest:g} GB: {fits}"
+    )
 
 
 def deploy(
@@ -69,9 +101,13 @@ def deploy(
     if (job_id is None) == (model is None):
         raise BadRequest("name a job to serve, or give --model DIR: one of the two")
     client = consumer_client(url, token)
+    max_batch = DeploymentSpec.model_fields["max_batch"].default
     if job_id is not None:  # named after the job, never after the prefix it was given by
-        served, default_name = DeployedModel(job=job_id), client.job(job_id).name
+        job = client.job(job_id)
+        _check_fits(client, job.spec.training.model.size, context, max_batch, dtype)
+        served, default_name = DeployedModel(job=job_id), job.name
     else:
+        _check_fits(client, _size(model), context, max_batch, dtype)  # before anything is uploaded
         served, default_name = upload_served_model(client, model), model.expanduser().resolve().name
     fields = {
         "name": name or default_name,

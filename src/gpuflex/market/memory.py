@@ -234,3 +234,22 @@ def _changes(training: TrainingSpec, gpus: int) -> list[tuple[str, TrainingSpec]
 
 def _difference(base: TrainingSpec, changed: TrainingSpec) -> dict:
     return {k: v for k, v in changed if getattr(base, k) != v}
+
+
+def serve_ways_to_fit(size: ModelSize, context: int, max_batch: int, dtype: str, vram_gb: float) -> list[str]:
+    """What of a deployment's ``--dtype`` and ``--context`` makes a replica fit ``vram_gb``, with the
+    estimate each gives: 16 bits where fp32 was asked, then the longest context that fits (at most three)."""
+    options = [("--dtype bf16", {"dtype": "bf16"})] if dtype == "fp32" else []
+    shorter = context // 2
+    while shorter >= 256:
+        options.append((f"--context {shorter}", {"context": shorter}))
+        shorter //= 2
+    base = {"size": size, "context": context, "max_batch": max_batch, "dtype": dtype}
+    found = []
+    for label, change in options:
+        gb = serve_vram_estimate_gb(**{**base, **change})
+        if gb <= vram_gb:
+            found.append(f"{label} (≈ {gb:g} GB)")
+            if change.keys() == {"context"}:
+                break  # the longest context that fits; shorter ones fit too
+    return found[:3]

@@ -567,7 +567,7 @@ def _summary(results: list[dict], replica: dict, device: str, wall_s: float) -> 
 
 def _trace(results: list[dict]) -> dict:
     """Per case, the tracer's trade: every boundary's state in host memory against the start's alone (what
-    it keeps now, within ``placement.SNAPSHOT_BUDGET``), and what re-deriving a drawn segment costs."""
+    it keeps now, within ``market.memory.SNAPSHOT_BUDGET``), and what re-deriving a drawn segment costs."""
     out = {}
     for r in results:
         t = r["trace"]

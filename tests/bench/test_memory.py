@@ -1,4 +1,4 @@
-"""``bench/memory.py``'s measure: a window's peak of tensor storage on a CPU, and the host bytes it leaves out."""
+"""``bench/memory.py``: a window's peak of tensor storage on a CPU, and the estimates its table reports."""
 
 from __future__ import annotations
 

@@ -164,11 +164,11 @@ def test_a_worker_that_kept_only_the_start_answers_every_audit_as_one_that_kept_
     spec = tiny_spec(inner_steps=6, verification={"trace_every": 2})
     start = {n: p.detach().clone() for n, p in build_model(spec).named_parameters()}
     keeper, rerunner = _replica(spec, corpus), _replica(spec, corpus)
-    monkeypatch.setattr("gpuflex.train.placement.SNAPSHOT_BUDGET", 0)
+    monkeypatch.setattr("gpuflex.market.memory.SNAPSHOT_BUDGET", 0)
     assert keeper.snapshot_stride() == 4 and rerunner.snapshot_stride() == 4  # the start alone: stride > 3
     monkeypatch.undo()
     kept = keeper.seal(keeper.train_round(start, 0, lambda: False, skip=skip))[1]
-    monkeypatch.setattr("gpuflex.train.placement.SNAPSHOT_BUDGET", 0)
+    monkeypatch.setattr("gpuflex.market.memory.SNAPSHOT_BUDGET", 0)
     rerun = rerunner.seal(rerunner.train_round(start, 0, lambda: False, skip=skip))[1]
     assert set(kept.trace.kept) == {0, 1, 2, 3} and set(rerun.trace.kept) == {0}
     assert rerun.commitment == kept.commitment

@@ -46,6 +46,8 @@ ACTIVATION_BYTES = {"fp32": 68, "bf16": 34, "fp16": 34}  # per token, layer and 
 LOSS_CHUNK = 512  # tokens whose logits exist at once (``train/lm_loss``: the loss a chunk at a time)
 LOSS_BYTES = 10  # per token and vocabulary entry of a chunk: 16-bit logits, their fp32 copy (the softmax's
 # gradient in place), the 16-bit gradient, and slack for the matmul's output
+SNAPSHOT_BUDGET = 512 * 2**20  # host bytes the tracer may keep beyond the round's start (train/placement)
+SEGMENTS = 8  # trace segments a round (train/commitment: every inner_steps / 8 steps)
 MARGIN = 1.1
 OVERHEAD_GB = 0.5  # a CUDA context
 
@@ -127,7 +129,8 @@ def worker_memory(training: TrainingSpec) -> WorkerMemory | None:
         casts=casts / shards + gathered,
         activations=activations,
         loss=loss,
-        host=(4 * 5 + optimizer) * trained,  # replica, momentum, residual and the one before, delta; start
+        # replica, momentum, residual and the one before, delta; the round's start; the kept boundaries
+        host=(4 * 5 + optimizer) * trained + min(SNAPSHOT_BUDGET, SEGMENTS * (4 + optimizer) * trained),
         devices=shards,
     )
 

@@ -9,8 +9,8 @@
   compute), never on the accelerator: a worker's device holds what a plain training loop of the model
   holds (``bench/memory.py`` measures it).
 - The tracer keeps the training state at the round's start in host memory, and further segment boundaries
-  only while they fit ``SNAPSHOT_BUDGET`` (``snapshot_stride``): an audited segment's start is re-derived
-  by re-running the deterministic steps before it (``commitment.RoundTrace``).
+  only while they fit ``market.memory.SNAPSHOT_BUDGET`` (``snapshot_stride``): an audited segment's start
+  is re-derived by re-running the deterministic steps before it (``commitment.RoundTrace``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from gpuflex.errors import BadRequest
+from gpuflex.market import memory
 from gpuflex.market.memory import base_dtype
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.train.precision import DTYPES, effective
@@ -29,10 +30,6 @@ from gpuflex.train.precision import DTYPES, effective
 # bitsandbytes warns on import, on a CPU with AVX512-BF16, that it could not fetch a faster 4-bit kernel from
 # a model hub: nothing is fetched at run time here, by design, and its own kernels run instead
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-
-# Host bytes the tracer may keep beyond the round's start: every boundary of a small model (no re-run on
-# an audit), every k-th of a larger one, only the start of one whose state alone exceeds it.
-SNAPSHOT_BUDGET = 512 * 2**20
 
 
 def training_device() -> torch.device:
@@ -105,8 +102,9 @@ def host(tensor: Tensor, *, non_blocking: bool = False) -> Tensor:
 
 def snapshot_stride(state_bytes: int, segments: int, budget: int | None = None) -> int:
     """Keep every ``stride``-th of a round's ``segments + 1`` boundary states (the start always): all of
-    them when they fit ``budget`` (``SNAPSHOT_BUDGET``), none but the start when one alone does not."""
-    budget = SNAPSHOT_BUDGET if budget is None else budget
+    them when they fit ``budget`` (``market.memory.SNAPSHOT_BUDGET``: every boundary of a small model, so no
+    re-run on an audit; every k-th of a larger one), none but the start when one alone does not."""
+    budget = memory.SNAPSHOT_BUDGET if budget is None else budget
     if (segments + 1) * state_bytes <= budget:
         return 1
     return (

@@ -38,7 +38,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -305,9 +305,22 @@ class RoundTrace:
 class Tracer:
     """Builds one round's ``Commitment`` as the worker trains, and keeps the states an audit needs
     (``RoundTrace``): the start and every ``stride``-th boundary, in host memory. ``seconds``: what that
-    took (hashing and copying states), verification's cost on the worker."""
+    took (hashing and copying states), verification's cost on the worker.
 
-    def __init__(self, start: Params, seed: int, every: int, device: str, stride: int = 1):
+    ``full`` gives a kept state's tensors whole, one at a time (``DeviceGroup.full_tensors``). Over a
+    replica's ranks every rank traces: on a sharded one each boundary's state is gathered by all of them,
+    and rank 0's tracer alone gets it, so only its commitment and kept states mean anything (a follower's
+    ``start`` is empty). A sharded replica keeps every boundary (``Replica.snapshot_stride``)."""
+
+    def __init__(
+        self,
+        start: Params,
+        seed: int,
+        every: int,
+        device: str,
+        stride: int = 1,
+        full: Callable[[Params], Iterable[tuple[str, Tensor]]] = dict.items,
+    ):
         began = time.perf_counter()
         self.origin = start
         self.start = params_hash(start)
@@ -315,6 +328,7 @@ class Tracer:
         self.every = every
         self.device = device
         self.stride = stride
+        self.full = full
         self.data = hashlib.sha256()
         self.trace: list[str] = []
         self.kept: dict[int, Params] = {}  # boundary -> its state, in host memory
@@ -324,13 +338,10 @@ class Tracer:
 
     def before_step(self, model: nn.Module, optimizer: InnerOptimizer, batch: tuple[Tensor, ...]) -> None:
         began = time.perf_counter()
-        if (
-            self.steps == 0
-        ):  # the parameters are the round's start, held already; the optimizer's state is not
-            state = training_state(model, optimizer)
-            self.kept[0] = {
-                k: (self.origin[k[2:]] if k.startswith("p.") else host(v)) for k, v in state.items()
-            }
+        if self.steps == 0:
+            # the parameters are the round's start, held already; the optimizer's state is not
+            moments = {k: v for k, v in training_state(model, optimizer).items() if not k.startswith("p.")}
+            self.kept[0] = {f"p.{n}": p for n, p in self.origin.items()} | self._copy(moments)
         if self.steps % self.every == 0:
             self.lrs.append([])
         self.data.update(batch_bytes(batch))
@@ -348,9 +359,13 @@ class Tracer:
         state = training_state(model, optimizer)
         boundary = len(self.trace) + 1
         if boundary % self.stride == 0:
-            state = self.kept[boundary] = {k: host(v) for k, v in state.items()}
+            state = self.kept[boundary] = self._copy(state)
         self.trace.append(params_hash(state)[:TRACE_HEX])
         self.seconds += time.perf_counter() - began
+
+    def _copy(self, state: Params) -> Params:
+        """Host copies of ``state``'s tensors, whole."""
+        return {k: host(v) for k, v in self.full(state)}
 
     def commit(
         self,

@@ -68,6 +68,7 @@ from gpuflex.train.pretrained import model_directory
 from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task, shards
 from gpuflex.train.schedule import set_lr
 from gpuflex.train.secure import SecureWorker
+from gpuflex.train.sharding import Sharded
 from gpuflex.train.sync import sync
 from gpuflex.train.trainable import trainable
 from gpuflex.train.transport import Transport, as_stored, fetch_verified, wait_for_round
@@ -443,9 +444,10 @@ def _work(
     after_step: Callable[[float], None] | None,
 ) -> WorkerSummary:
     """``run_worker`` once the task's recipe and data are built (its model directory written out)."""
-    group = (
-        DataParallel.start(config, blobs, model_dir, _follow) if config.training.local_devices > 1 else None
-    )
+    group = None
+    if config.training.local_devices > 1:
+        kind = Sharded if config.training.shard else DataParallel
+        group = kind.start(config, blobs, model_dir, _follow)
     replica = Replica(config, recipe, data, group, after_step=after_step)
     if replica.inner.label != config.training.precision:
         transport.log(

@@ -84,7 +84,7 @@ class Case:
         return {
             "recipe": "hf-causal-lm",
             "model": {"from": model_dir, "block_size": self.block},
-            "rounds": self.rounds + 1,
+            "rounds": self.rounds + MEASURED + 1,
             "inner_steps": self.inner_steps,
             "batch_size": self.batch,
             "precision": self.precision,
@@ -270,13 +270,15 @@ def _status(field: str) -> int:
 
 
 class LastStep:
-    """A worker's ``after_step``: opens the meter's window before the warm-up round's last step, closes it
-    after (its memory is a round's steady state: moments allocated, nothing of a later round yet). The
-    previous step's gradients go first, as the step would free them: the profiler sees no free of what was
-    allocated before its window, which would count them twice."""
+    """A worker's ``after_step``: opens the meter's window before the last step of the round measured
+    (``MEASURED``), closes it after: a round's steady state, its optimizer moments, outer momentum and
+    residual allocated and the round before it dropped. The previous step's gradients go first, as the step
+    would free them: the profiler sees no free of what was allocated before its window, which would count
+    them twice."""
 
     def __init__(self, meter: Meter, steps: int, optimizer):
-        self.meter, self.steps, self.optimizer, self.done = meter, steps, optimizer, 0
+        self.meter, self.optimizer, self.done = meter, optimizer, 0
+        self.steps = (MEASURED + 1) * steps
 
     def __call__(self, _seconds: float) -> None:
         self.done += 1
@@ -285,6 +287,9 @@ class LastStep:
             self.meter.begin()
         elif self.done == self.steps:
             self.meter.end()
+
+
+MEASURED = 1  # the round whose last step is measured (the first warms up); the ones after it are timed
 
 
 def _run_case(spec: dict) -> dict:
@@ -316,7 +321,8 @@ def _plain(case: Case, model_dir: str, device: str) -> dict:
     transformers.logging.set_verbosity_error()
     vocab = transformers.AutoConfig.from_pretrained(model_dir).vocab_size
     steps = case.rounds * case.inner_steps
-    batches = _batches(case, vocab, steps + case.inner_steps)
+    last = (MEASURED + 1) * case.inner_steps - 1  # the step measured: the last of round MEASURED
+    batches = _batches(case, vocab, steps + last + 1)
     meter = Meter(device)
     dtype = torch.bfloat16 if case.mode == "lora" and case.precision == "bf16" else torch.float32
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
@@ -331,7 +337,7 @@ def _plain(case: Case, model_dir: str, device: str) -> dict:
     autocast = torch.autocast(device, torch.bfloat16, enabled=case.precision == "bf16")
     seconds = 0.0
     for i, (inputs, _) in enumerate(batches):
-        if i == case.inner_steps - 1:  # the warm-up's last step: a round's steady state, as the worker's
+        if i == last:  # a round's steady state, as the worker's
             meter.begin()
         began = time.perf_counter()
         with autocast:
@@ -343,9 +349,9 @@ def _plain(case: Case, model_dir: str, device: str) -> dict:
         optimizer.zero_grad(set_to_none=True)
         if device == "cuda":
             torch.cuda.synchronize()
-        if i == case.inner_steps - 1:
+        if i == last:
             meter.end()
-        if i >= case.inner_steps:  # the first round's worth warms up, as the worker's first round does
+        if i > last:  # the first rounds' worth warms up and is measured, as the worker's first rounds are
             seconds += time.perf_counter() - began
     tokens_per_s = steps * case.batch * case.block / seconds
     return {"peak": meter.window, "rss": meter.rss(), "tokens_per_s": tokens_per_s}
@@ -362,7 +368,8 @@ def _worker(case: Case, model_dir: str, device: str) -> dict:
 
     spec = sized(TrainingSpec.model_validate(case.training(model_dir)))
     assert spec.model.size is not None and spec.model.size.vocab is not None
-    batches = _batches(case, spec.model.size.vocab, (case.rounds + 1) * case.inner_steps)
+    rounds = MEASURED + 1 + case.rounds
+    batches = _batches(case, spec.model.size.vocab, rounds * case.inner_steps)
     drawn = iter(batches * 4)  # the re-run of an audit draws its round's batches again
     data = TaskData(
         sample=lambda _generator: next(drawn), validation=[], tokens_per_batch=case.batch * case.block
@@ -373,15 +380,15 @@ def _worker(case: Case, model_dir: str, device: str) -> dict:
     replica = Replica(config, recipe, data)
     replica.after_step = LastStep(meter, case.inner_steps, replica.optimizer)
     seconds, last, host = 0.0, None, 0
-    for label in range(case.rounds + 1):
+    for label in range(rounds):
         last = None  # as a worker does: a round's states go once it is answered, before the next round's
         result = replica.train_round(replica.global_params(), label, lambda: False)
         blob, last = replica.seal(result)
         del result
         replica.global_.apply(replica.decode(blob))  # the outer step, as the round's update would be
-        if label:  # the first round warms up (allocator, optimizer state): left out, as the plain loop's
+        if label > MEASURED:  # the first rounds warm up and are measured: left out, as the plain loop's
             seconds += last.compute_s
-        else:
+        elif label == MEASURED:
             host = _host_bytes(replica, last, boundaries=len(last.trace.lrs))  # held at its last step
             replica.after_step = None
     assert last is not None

@@ -15,9 +15,12 @@ estimate to measurements):
   al. 2022, attention's quadratic term left out as fused kernels do), twice that in fp32, and with
   gradient checkpointing the layers' inputs plus one layer's activations recomputed; and the loss, whose
   logits are computed ``LOSS_CHUNK`` tokens at a time (``recipes/hf_causal_lm``), never for the whole
-  batch at once. Sharded (``shard``, FSDP2) over ``local_devices``, weights, gradients and optimizer
-  state are split over the devices and one layer's weights are gathered at a time; each device still
-  runs its own micro-batch.
+  batch at once. Sharded (``shard``, FSDP2: ``train/sharding.py``) over ``local_devices``, weights,
+  gradients and optimizer state are split over the devices; a block's weights are gathered whole while
+  it runs (and the next block's prefetched), in the dtype they are held in (fp32 trained weights: the
+  steps autocast from them, as unsharded), and the root's (embeddings, head) for the whole step; the
+  16-bit copies autocast keeps for the backward are of whole weights, so they are not split; each
+  device still runs its own micro-batch.
 - **in host memory**, never on the accelerator: DiLoCo's outer state (the global replica of the trained
   parameters, the outer momentum, the error-feedback residual and the one before it, the round's
   pseudo-gradient) and the optimizer state at the round's start, which the tracer keeps to re-derive an
@@ -64,6 +67,7 @@ class WorkerMemory:
     activations: float
     loss: float  # one chunk of logits, and the hidden states' gradient
     host: float  # outer state and the round's start, in host memory
+    gathered: float = 0.0  # sharded: the weights gathered whole for the blocks running and the root
     devices: int = 1  # local devices the model state is sharded over
 
     @property
@@ -75,6 +79,7 @@ class WorkerMemory:
             + self.gradients
             + self.optimizer
             + self.casts
+            + self.gathered
             + self.activations
             + (self.loss)
         )
@@ -119,18 +124,21 @@ def worker_memory(training: TrainingSpec) -> WorkerMemory | None:
     loss = min(tokens, LOSS_CHUNK) * vocab * LOSS_BYTES + tokens * width * 4
     optimizer = OPTIMIZER_BYTES[training.optimizer_states]
     shards = training.local_devices if training.shard else 1
-    # one layer's weights gathered whole, and the next one prefetched
-    gathered = 2 * (frozen_bytes + trained * DTYPE_BYTES[dtype]) / layers if shards > 1 else 0.0
+    gathered = 0.0
+    if shards > 1:  # the spec shards no quantized base: every weight is held in a DTYPE_BYTES dtype
+        root = embeddings * DTYPE_BYTES[base]  # a full fine-tune's base is its fp32 weights
+        gathered = 2 * (frozen_bytes + 4 * trained - root) / layers + root
     return WorkerMemory(
         frozen=frozen_bytes / shards,
         trained=4 * trained / shards,
         gradients=4 * trained / shards,
         optimizer=optimizer * trained / shards,
-        casts=casts / shards + gathered,
+        casts=casts,
         activations=activations,
         loss=loss,
         # replica, momentum, residual and the one before, delta; the round's start; the kept boundaries
         host=(4 * 5 + optimizer) * trained + min(SNAPSHOT_BUDGET, SEGMENTS * (4 + optimizer) * trained),
+        gathered=gathered,
         devices=shards,
     )
 

@@ -329,6 +329,18 @@ class TrainingSpec(_Strict):
             raise ValueError(
                 "shard spreads a model over a node's devices: it needs local_devices of 2 or more"
             )
+        if self.shard and self.quantize_base is not None:
+            raise ValueError(
+                f"quantize_base {self.quantize_base} does not combine with shard yet: FSDP2 does not shard "
+                "bitsandbytes' quantized weights as a worker loads them (4-bit ones need "
+                "bnb_4bit_quant_storage=bfloat16)"
+            )
+        if self.shard and (self.inner_optimizer, self.optimizer_states) != ("adamw", "fp32"):
+            raise ValueError(
+                "shard trains with AdamW in fp32 states: Muon's bf16 orthogonalisation of a sharded matrix "
+                "strays from the unsharded one beyond an audit's tolerance, and bitsandbytes' 8-bit AdamW "
+                "does not step a DTensor shard"
+            )
         if self.model.from_ is not None and self.local_devices > 1 and not self.shard:
             raise ValueError("model.from combines with local_devices > 1 only sharded (shard: true)")
         if self.local_devices > 1 and self.round_seconds is not None:

@@ -5,6 +5,8 @@ Map of the files (data flows down this list):
 - ``local``        a job's tasks as local processes, without the marketplace (``gpuflex train local``)
 - ``task``         the entry point the agent's subprocess calls: dispatches on the task's role
 - ``worker``       a DiLoCo worker: inner steps, a compressed pseudo-gradient up, the update down
+- ``device_group`` one replica over a node's own devices: its ranks, their rounds; DDP (``DataParallel``)
+- ``sharding``     ``Sharded``: that replica's model, gradients and AdamW moments split by FSDP2 (``shard``)
 - ``optimizers``   the inner optimizer: AdamW, or Muon for the hidden weight matrices and AdamW for the rest
 - ``diloco``       ``DiLoCo``: the same, wrapped around a training loop of your own
 - ``aggregator``   waits for a quorum, verifies, averages (robustly), compresses the update, outer step

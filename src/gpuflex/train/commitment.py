@@ -38,7 +38,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -308,9 +308,22 @@ class Tracer:
     (``RoundTrace``): the start and every ``stride``-th boundary, in host memory. A kept state is copied
     (from a GPU, asynchronously into pinned memory) and hashed on a thread of its own while the next steps
     run; one not kept is hashed where it lies, tensor by tensor, so it needs no copy. ``seconds``: what the
-    training thread spent on it (copying, hashing, waiting), verification's cost on the worker."""
+    training thread spent on it (copying, hashing, waiting), verification's cost on the worker.
 
-    def __init__(self, start: Params, seed: int, every: int, device: str, stride: int = 1):
+    ``full`` gives a kept state's tensors whole, one at a time (``DeviceGroup.full_tensors``). Over a
+    replica's ranks every rank traces: on a sharded one each boundary's state is gathered by all of them,
+    and rank 0's tracer alone gets it, so only its commitment and kept states mean anything (a follower's
+    ``start`` is empty). A sharded replica keeps every boundary (``Replica.snapshot_stride``)."""
+
+    def __init__(
+        self,
+        start: Params,
+        seed: int,
+        every: int,
+        device: str,
+        stride: int = 1,
+        full: Callable[[Params], Iterable[tuple[str, Tensor]]] = dict.items,
+    ):
         began = time.perf_counter()
         self.origin = start
         self.start = params_hash(start)
@@ -318,6 +331,7 @@ class Tracer:
         self.every = every
         self.device = device
         self.stride = stride
+        self.full = full
         self.data = hashlib.sha256()
         self.hashes: list[Future[str]] = []
         self.kept: dict[int, Params] = {}  # boundary -> its state, in host memory
@@ -328,11 +342,10 @@ class Tracer:
 
     def before_step(self, model: nn.Module, optimizer: InnerOptimizer, batch: tuple[Tensor, ...]) -> None:
         began = time.perf_counter()
-        if self.steps == 0:  # the parameters are the round's start, held already; the optimizer's state not
-            state = training_state(model, optimizer)
-            self.kept[0] = {
-                k: self.origin[k[2:]] if k.startswith("p.") else host(v) for k, v in state.items()
-            }
+        if self.steps == 0:
+            # the parameters are the round's start, held already; the optimizer's state is not
+            moments = {k: v for k, v in training_state(model, optimizer).items() if not k.startswith("p.")}
+            self.kept[0] = {f"p.{n}": p for n, p in self.origin.items()} | self._copy(moments)
         if self.steps % self.every == 0:
             self.lrs.append([])
         self.data.update(batch_bytes(batch))
@@ -350,7 +363,7 @@ class Tracer:
         state = training_state(model, optimizer)
         boundary = len(self.hashes) + 1
         if boundary % self.stride == 0:
-            copied = self.kept[boundary] = {k: host(v, non_blocking=True) for k, v in state.items()}
+            copied = self.kept[boundary] = self._copy(state, non_blocking=True)
             ready = torch.cuda.Event() if torch.cuda.is_available() else None
             if ready is not None:
                 ready.record()
@@ -360,6 +373,10 @@ class Tracer:
             done.set_result(params_hash(state))
             self.hashes.append(done)
         self.seconds += time.perf_counter() - began
+
+    def _copy(self, state: Params, *, non_blocking: bool = False) -> Params:
+        """Host copies of ``state``'s tensors, whole."""
+        return {k: host(v, non_blocking=non_blocking) for k, v in self.full(state)}
 
     def commit(
         self,

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,7 +59,7 @@ from gpuflex.train.commitment import (
 )
 from gpuflex.train.compression import ErrorFeedback, get_compressor
 from gpuflex.train.data import round_seed
-from gpuflex.train.device_group import DeviceGroup
+from gpuflex.train.device_group import DataParallel, DeviceGroup
 from gpuflex.train.optimizers import InnerOptimizer, inner_optimizer
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.placement import host, snapshot_stride, training_device
@@ -67,6 +68,7 @@ from gpuflex.train.pretrained import model_directory
 from gpuflex.train.recipes import Recipe, TaskData, build_model, for_task, shards
 from gpuflex.train.schedule import set_lr
 from gpuflex.train.secure import SecureWorker
+from gpuflex.train.sharding import Sharded
 from gpuflex.train.sync import sync
 from gpuflex.train.trainable import trainable
 from gpuflex.train.transport import Transport, as_stored, fetch_verified, wait_for_round
@@ -176,13 +178,16 @@ class Replica:
         self.data = data
         self.group = group
         self.device = group.device if group else training_device()
-        self.model = build_model(self.spec, recipe).to(self.device)
+        model = build_model(self.spec, recipe)
+        self.global_ = GlobalReplica(model, self.spec)  # a host copy of the trained parameters, whole
+        self.model = model if group else model.to(self.device)
+        self.trained = group.place(model) if group else self.model  # what forward/backward go through
+        # a state's tensors whole, one at a time: gathered from a sharded replica's ranks
+        self.full_tensors = group.full_tensors if group else dict.items
         self.inner = InnerStep.for_spec(self.spec, self.device)
-        self.trained = group.wrap(self.model) if group else self.model  # what forward/backward go through
         self.optimizer = inner_optimizer(self.model, self.spec)
         compressor = get_compressor(self.spec.compression)
         self.feedback = ErrorFeedback(compressor, decay=self.spec.compression.error_decay)
-        self.global_ = GlobalReplica(self.model, self.spec)  # a host copy of the trained parameters
         self.decode = self.global_.decoder(compressor)
         self.dp_clip = config.dp.clip if config.dp is not None else None  # privacy.dp: each delta's bound
 
@@ -247,24 +252,22 @@ class Replica:
         ``steps``, ``seed`` (of the batches) and ``precision`` (autocast dtype; else ``self.inner``'s)
         override what the job assigns, and the steps in ``skip`` (never the first) are drawn and traced
         but not taken: only ``adversaries`` use them, to shirk.
+
+        Over several ranks every rank calls it, a follower with ``start`` empty (rank 0 hands every rank
+        its weights); rank 0's result alone carries the replica's delta and commitment.
         """
         if self.spec.round_seconds is not None:
             late_s = min(late_s, (1 - LATE_MIN_SHARE) * self.spec.round_seconds)
         began = time.monotonic() - late_s
         rank = self.group.rank if self.group else 0
-        if rank == 0 and self.group:
-            self.group.begin_round(start, label)
-        with torch.no_grad():
-            for name, p in trainable(self.model).items():
-                p.copy_(start[name], non_blocking=True)
+        self._load(start, label)
         seed = round_seed(self.spec.seed, self.worker_index, label, rank) if seed is None else seed
         generator = torch.Generator().manual_seed(seed)
-        # rank 0 commits for the replica (every rank holds the same state); the others' batches follow
-        # from their seeds, so an auditor re-runs all of them (``audit.py``)
+        # rank 0 commits for the replica (the others trace with it: a sharded state is gathered by all);
+        # the others' batches follow from their seeds, so an auditor re-runs all of them (``audit.py``)
         every = trace_every(self.spec)
-        tracer = (
-            Tracer(start, seed, every, self.device_class(), self.snapshot_stride()) if rank == 0 else None
-        )
+        stride = self.snapshot_stride()
+        tracer = Tracer(start, seed, every, self.device_class(), stride, self.full_tensors)
         budget = self.spec.inner_steps if steps is None else steps
         self.model.train()
         losses: list[float] = []
@@ -276,33 +279,43 @@ class Replica:
                 step_began = time.monotonic()
                 set_lr(self.optimizer, self.spec, (label + self._done(began, len(losses))) / self.spec.rounds)
                 batch = tuple(t.to(self.device) for t in self.data.sample(generator))
-                if tracer:
-                    tracer.before_step(self.model, self.optimizer, batch)
+                tracer.before_step(self.model, self.optimizer, batch)
                 losses.append(
                     losses[-1]
                     if len(losses) in skip
                     else step(self.recipe, self.trained, self.model, self.optimizer, batch, inner=inner)
                 )
-                if tracer:
-                    tracer.after_step(self.model, self.optimizer)
+                tracer.after_step(self.model, self.optimizer)
                 if self.after_step is not None:
                     self.after_step(time.monotonic() - step_began)
         self.optimizer.zero_grad(set_to_none=True)  # not needed until the next step: memory for what follows
-        delta = {n: start[n] - p.detach().cpu() for n, p in trainable(self.model).items()}
-        commitment, trace = None, None
-        if tracer:
-            how = Rerun(seed, inner, skip, tuple(tracer.lrs), every, len(losses))
-            commitment, trace = tracer.commit(self.model, self.optimizer, functools.partial(self.rerun, how))
+        final = {n: p.detach() for n, p in trainable(self.model).items()}
+        delta = {n: start[n] - p.cpu() for n, p in self.full_tensors(final)}  # rank 0's, on its host
+        how = Rerun(seed, inner, skip, tuple(tracer.lrs), every, len(losses))
+        # a replica over several ranks keeps every boundary: a re-run would need all of them
+        rerun = None if self.group else functools.partial(self.rerun, how)
+        commitment, trace = tracer.commit(self.model, self.optimizer, rerun)
         compute_s = time.monotonic() - began - late_s
         return RoundResult(
             delta,
             len(losses),
             sum(losses) / len(losses),
             compute_s,
-            commitment,
-            trace,
-            trace_s=tracer.seconds if tracer else 0.0,
+            commitment if rank == 0 else None,
+            trace if rank == 0 else None,
+            trace_s=tracer.seconds,
         )
+
+    def _load(self, start: Params, label: int) -> None:
+        """Put the round's start weights into the model (on every rank of a replica over several)."""
+        if self.group is None:
+            with torch.no_grad():
+                for name, p in trainable(self.model).items():
+                    p.copy_(start[name], non_blocking=True)
+            return
+        if self.group.rank == 0:
+            self.group.begin_round(label)
+        self.group.load(trainable(self.model), start)
 
     def rerun(self, how: Rerun, boundary: int, state: Params, until: int) -> tuple[list[Params], Params]:
         """Re-run a round's steps in this model from ``state`` at ``boundary`` to boundary ``until``: the
@@ -331,7 +344,7 @@ class Replica:
         """Its commitment's hardware class: a replica over several ranks averages their gradients by an
         all-reduce, whose sums an auditor's one process does not reproduce bit for bit."""
         own = device_class(self.device, self.inner.label, self.spec.quantize_base)
-        return f"{own}/ddp{self.group.size}" if self.group else own
+        return f"{own}/{self.group.kind}{self.group.size}" if self.group else own
 
     def _done(self, began: float, steps: int) -> float:
         """The share of this round's work done: its steps, or its time budget."""
@@ -403,7 +416,17 @@ def run_worker(
     with model_directory(config.training, stored, reader.cache, unseal) as model_dir:
         recipe, data = for_task(config, fetch, reader, model_dir, training_device())
         return _work(
-            config, transport, recipe, data, blobs, fetch, reader, poll_interval_s, should_stop, after_step
+            config,
+            transport,
+            recipe,
+            data,
+            blobs,
+            fetch,
+            reader,
+            model_dir,
+            poll_interval_s,
+            should_stop,
+            after_step,
         )
 
 
@@ -415,12 +438,16 @@ def _work(
     blobs: dict[str, bytes],
     fetch: Callable[[str], bytes],
     reader: ShardReader,
+    model_dir: Path | None,
     poll_interval_s: float,
     should_stop: Callable[[], bool],
     after_step: Callable[[float], None] | None,
 ) -> WorkerSummary:
     """``run_worker`` once the task's recipe and data are built (its model directory written out)."""
-    group = DeviceGroup.start(config, blobs, _follow) if config.training.local_devices > 1 else None
+    group = None
+    if config.training.local_devices > 1:
+        kind = Sharded if config.training.shard else DataParallel
+        group = kind.start(config, blobs, model_dir, _follow)
     replica = Replica(config, recipe, data, group, after_step=after_step)
     if replica.inner.label != config.training.precision:
         transport.log(
@@ -466,12 +493,13 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux counts kB
 
 
-def _follow(group: DeviceGroup, config: TaskConfig, blobs: dict[str, bytes]) -> None:
-    """Ranks 1..N-1 of a replica: train every round rank 0 starts, in lockstep with it."""
-    recipe, data = for_task(config, blobs.__getitem__, device=group.device)
+def _follow(group: DeviceGroup, config: TaskConfig, blobs: dict[str, bytes], model_dir: Path | None) -> None:
+    """Ranks 1..N-1 of a replica: build the task's model as rank 0 did (from the job's model directory, if
+    it has one) and train every round rank 0 starts, in lockstep with it."""
+    recipe, data = for_task(config, blobs.__getitem__, model_dir=model_dir, device=group.device)
     replica = Replica(config, recipe, data, group)
-    while (round_ := group.next_round(like=replica.global_params())) is not None:
-        replica.train_round(*round_, should_stop=lambda: False)
+    while (label := group.next_round()) is not None:
+        replica.train_round({}, label, should_stop=lambda: False)
 
 
 @dataclass

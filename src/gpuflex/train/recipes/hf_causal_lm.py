@@ -154,18 +154,18 @@ def _loss(model: nn.Module, batch: Batch) -> Tensor:
         return next_byte_loss(model(input_ids=inputs).logits, targets)
     # the last hidden states (after the final norm), and the head's logits at one position only
     out = model(input_ids=inputs, output_hidden_states=True, logits_to_keep=1, use_cache=False)
+    # ``head.weight`` read now: a sharded model's root forward gathered it, and FSDP2 keeps the root's
+    # weights gathered until the backward, which reduce-scatters their gradients
     return chunked_cross_entropy(out.hidden_states[-1], head, targets)
 
 
 def _plain_head(model: nn.Module) -> nn.Linear | None:
-    """The output head when the loss may call it itself: a plain linear layer, whole on this device, of a
-    model no data-parallel wrapper needs to see called (DDP syncs gradients in its own forward; FSDP
-    gathers the head's shards in the root's)."""
+    """The output head when the loss may call it itself: a plain linear layer of a model no data-parallel
+    wrapper needs to see called (DDP syncs gradients in its own forward; FSDP2's sharding is the model's
+    own, ``train/sharding.py``)."""
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper
     head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
-    if type(head) is not nn.Linear or hasattr(head.weight, "to_local"):  # an adapter, or a DTensor shard
-        return None
-    return head
+    return head if type(head) is nn.Linear else None  # not an adapter
 
 
 RECIPE = Recipe(

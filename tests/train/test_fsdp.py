@@ -225,6 +225,18 @@ def test_a_sharded_lora_replica_trains_its_adapters_and_passes_an_audit(sharded_
     assert not finding.guilty and "within tolerance" in finding.reason, finding.reason
 
 
+def test_a_sharded_qlora_replica_shards_its_4bit_base_and_passes_an_audit_of_one_process(model_dir, corpus):
+    """bitsandbytes' NF4 weights, packed in bf16 elements, are sharded and gathered as any weight; an
+    auditor re-runs the segment with the whole quantized model in one process, within tolerance."""
+    spec = llama_spec(model_dir, lora=LORA, quantize_base="nf4", precision="bf16")
+    run = _round(spec, corpus, Sharded, model_dir)
+    q_proj = run.replica.model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
+    assert type(q_proj).__name__ == "Linear4bit" and isinstance(q_proj.weight, DTensor)
+    assert run.result.commitment.device == f"cpu/{torch.get_num_threads()}t/bf16/nf4/fsdp2"
+    finding = _audit(run, segment=1)
+    assert not finding.guilty and "within tolerance" in finding.reason, finding.reason
+
+
 @pytest.mark.parametrize("run", ["sharded", "sharded_lora"])
 def test_the_market_counts_what_a_rank_holds(run, request):
     """``worker_memory``'s per-device model state is rank 0's shards: weights, gradients, moments and the
@@ -256,7 +268,7 @@ def test_a_sharded_worker_completes_its_rounds_and_its_audits_re_run_both_ranks(
 @pytest.mark.parametrize(
     ("fields", "refusal"),
     [
-        ({"lora": LORA, "quantize_base": "nf4"}, "bnb_4bit_quant_storage"),
+        ({"lora": LORA, "quantize_base": "int8"}, "FSDP2 shards bitsandbytes' 4-bit weights"),
         ({"inner_optimizer": "muon"}, "AdamW in fp32 states"),
         ({"optimizer_states": "8bit"}, "AdamW in fp32 states"),
         ({"shard": False}, "model.from combines with local_devices > 1 only sharded"),

@@ -125,8 +125,8 @@ def worker_memory(training: TrainingSpec) -> WorkerMemory | None:
     optimizer = OPTIMIZER_BYTES[training.optimizer_states]
     shards = training.local_devices if training.shard else 1
     gathered = 0.0
-    if shards > 1:  # the spec shards no quantized base: every weight is held in a DTYPE_BYTES dtype
-        root = embeddings * DTYPE_BYTES[base]  # a full fine-tune's base is its fp32 weights
+    if shards > 1:  # a quantized base's embeddings and head are in the steps' dtype, a full fine-tune's fp32
+        root = embeddings * DTYPE_BYTES[dtype if base in QUANTIZED_BYTES else base]
         gathered = 2 * (frozen_bytes + 4 * trained - root) / layers + root
     return WorkerMemory(
         frozen=frozen_bytes / shards,

@@ -329,11 +329,10 @@ class TrainingSpec(_Strict):
             raise ValueError(
                 "shard spreads a model over a node's devices: it needs local_devices of 2 or more"
             )
-        if self.shard and self.quantize_base is not None:
+        if self.shard and self.quantize_base == "int8":
             raise ValueError(
-                f"quantize_base {self.quantize_base} does not combine with shard yet: FSDP2 does not shard "
-                "bitsandbytes' quantized weights as a worker loads them (4-bit ones need "
-                "bnb_4bit_quant_storage=bfloat16)"
+                "quantize_base int8 does not combine with shard: FSDP2 shards bitsandbytes' 4-bit weights "
+                "(stored as bfloat16), not its int8 ones; quantize_base nf4 does"
             )
         if self.shard and (self.inner_optimizer, self.optimizer_states) != ("adamw", "fp32"):
             raise ValueError(

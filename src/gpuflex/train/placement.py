@@ -67,6 +67,8 @@ def load_options(spec: TrainingSpec, device: torch.device) -> dict:
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,  # QLoRA's: the block scales quantized too (4.127 bits a weight)
             bnb_4bit_compute_dtype=compute,
+            # packed in bf16 elements, which FSDP2 shards and gathers as any other (Answer.AI's FSDP QLoRA)
+            bnb_4bit_quant_storage=torch.bfloat16 if spec.shard else torch.uint8,
         )
     else:
         config = transformers.BitsAndBytesConfig(load_in_8bit=True)

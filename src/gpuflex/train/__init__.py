@@ -18,6 +18,7 @@ Map of the files (data flows down this list):
 - ``secure``       secure aggregation in the round: owners mask their share of the average, it unmasks the sum
 - ``drill``        a job as a direct loop over these pieces, for the tests and ``bench/verification.py``
 - ``outer``        ``GlobalReplica``: global weights + outer optimizer, held identically by every replica
+- ``placement``    where a worker's tensors live and in which dtype: base once or quantized, outer state on host
 - ``sync``         brings a replica to a round: update by update, or from a checkpoint
 - ``transport``    the interface to the network, and ``LocalTransport``, its in-memory implementation
 - ``throttle``     a simulated link around a transport: meters the bytes, delays each call
@@ -25,6 +26,7 @@ Map of the files (data flows down this list):
 - ``checkpoint``   tensors <-> safetensors bytes (never pickle: blobs come from untrusted nodes)
 - ``trainable``    the parameters a job trains, exchanges, commits to and checkpoints (LoRA: the adapters)
 - ``precision``    an inner step's numerics: autocast dtype, fp16's loss scale, micro-batches
+- ``lm_loss``      the next-token loss a chunk of the head's logits at a time, its gradients in the same pass
 - ``pretrained``   a job's model directory: checked and sized at submit, linked from the node cache in a task
 - ``export``       a checkpoint as a Hugging Face directory (full, LoRA adapter, or merged)
 - ``recipes/``     what a job trains: char-gpt, hf-causal-lm, mlp-digits, or a user's recipe file

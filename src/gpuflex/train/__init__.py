@@ -18,7 +18,7 @@ Map of the files (data flows down this list):
 - ``secure``       secure aggregation in the round: owners mask their share of the average, it unmasks the sum
 - ``drill``        a job as a direct loop over these pieces, for the tests and ``bench/verification.py``
 - ``outer``        ``GlobalReplica``: global weights + outer optimizer, held identically by every replica
-- ``placement``    where a worker's tensors live and in which dtype: base once or quantized, outer state on host
+- ``placement``    where a worker's tensors live and in which dtype: base once or quantized, outer on host
 - ``sync``         brings a replica to a round: update by update, or from a checkpoint
 - ``transport``    the interface to the network, and ``LocalTransport``, its in-memory implementation
 - ``throttle``     a simulated link around a transport: meters the bytes, delays each call

@@ -227,7 +227,11 @@ def ran_out(net, trained):
 
 def test_a_watched_job_exits_by_how_it_ended(net, trained, ran_out):
     completed, _ = trained
-    assert net.gpuflex("job", "watch", completed).returncode == 0
+    watched = net.gpuflex("job", "watch", completed)  # into a pipe: plain lines, each whole
+    assert watched.returncode == 0 and "…" not in watched.stdout, watched.stdout
+    lines = watched.stdout.splitlines()
+    assert lines[0].startswith("round 1/1: completed loss ") and lines[0].endswith(" cr"), watched.stdout
+    assert lines[1].startswith(f"job {completed} tiny: completed; round 1/1;"), watched.stdout
     watched = net.gpuflex("job", "watch", ran_out)
     assert watched.returncode == 3 and "failed (budget spent)" in watched.stdout, watched.stdout
     cancelled = _submit(net)

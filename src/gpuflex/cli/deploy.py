@@ -138,7 +138,7 @@ def list_deployments(as_json: Json = False, url: Url = None, token: Token = None
         print_json(found)
         return
     columns = ("id", "name", "state", "replicas", "req/s", "tok/s", "ttft ms p50/p99", "spent", "budget")
-    listed = table(*columns, ids=["id"])
+    listed = table(*columns, ids=["id"], drop=["ttft ms p50/p99", "tok/s", "req/s"])
     for d in found:
         replicas = f"{d.live_replicas}/{d.replicas}"
         listed.add_row(d.id, d.name, d.state, replicas, *_served(d), credits(d.spent), credits(d.budget))
@@ -180,8 +180,9 @@ def show(deployment_id: DeploymentId, as_json: Json = False, url: Url = None, to
     for c in d.costs:
         costs.add_row(c.node_id, c.name, c.kind, f"{c.seconds:.1f}", f"{c.cost:.6f}")
     console.print(costs)
-    columns = ("key", "holder", "requests", "prompt tokens", "completion tokens", "price in/out", "accrued")
-    keys = table(*columns, "settled", ids=["key"], title="API keys (prices: credits per 1M tokens)")
+    columns = ("key", "holder", "requests", "tokens in", "tokens out", "price in/out", "accrued", "settled")
+    title = "API keys (prices: credits per 1M tokens)"
+    keys = table(*columns, ids=["key"], drop=["settled", "price in/out"], title=title)
     for k in d.keys:
         price = f"{k.price_in:g}/{k.price_out:g}"
         usage = (str(k.requests), str(k.prompt_tokens), str(k.completion_tokens))

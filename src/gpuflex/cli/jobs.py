@@ -276,7 +276,7 @@ def list_jobs(as_json: Json = False, url: Url = None, token: Token = None) -> No
     if as_json:
         print_json(jobs)
         return
-    listed = table("id", "name", "state", "round", "val loss", "spent", "budget", ids=["id"])
+    listed = table("id", "name", "state", "round", "val loss", "spent", "budget", ids=["id"], drop=["budget"])
     for j in jobs:
         row = (j.id, j.name, j.state, f"{j.round}/{j.rounds}", _f(j.val_loss), credits(j.spent))
         listed.add_row(*row, credits(j.budget))

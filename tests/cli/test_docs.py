@@ -48,6 +48,18 @@ def test_the_readme_states_the_governance_rules():
         assert rule in readme, rule
 
 
+def test_the_readme_states_the_minimum_stakes_default_and_where_an_operator_sets_it(monkeypatch):
+    """It once said a community node needs a stake to get work while the default hired unstaked ones."""
+    stated = f"(`min_stake`, {DEFAULT['min_stake']:g} credits by default"
+    use_it = README[README.index("## Use it") : README.index("**Submit your own job**")]
+    money = README[README.index("## Money") : README.index("## Dashboard")]
+    for section in use_it, money:
+        assert stated in " ".join(section.split())
+    (variable,) = set(re.findall(r"GPUFLEX_MIN_STAKE=(\d+)", money))
+    monkeypatch.setenv("GPUFLEX_MIN_STAKE", variable)
+    assert CoordinatorSettings().min_stake == float(variable)
+
+
 def test_the_offers_help_shows_its_example_query_whole():
     shown = _help("offers")
     assert 'region in [eu, us] hours>=24"' in shown

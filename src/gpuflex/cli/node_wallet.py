@@ -40,7 +40,8 @@ def stake(
     data_dir: DataDir = None,
     url: Url = None,
 ) -> None:
-    """Bond stake: the market gives community nodes work only with the minimum stake."""
+    """Bond stake: the market gives community nodes work only with the network's min_stake (`gpuflex
+    governance parameters` shows it; 0 unless the operator or a vote set one)."""
     _show(node_client(name, data_dir, url).stake(amount, "earnings" if from_earnings else "deposit"))
 
 

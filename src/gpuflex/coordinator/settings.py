@@ -83,6 +83,8 @@ class CoordinatorSettings(BaseSettings):
     )
     # platform_fee_bps, heartbeat_interval_s, heartbeat_misses, min_stake and audit_rate are only defaults:
     # stake may vote other values into force, so read them through ``services.governance``.
+    # 0: a new network (the README's, the demo's) hires unstaked community nodes; an operator who wants a
+    # verdict's slash to bite sets GPUFLEX_MIN_STAKE, as the README says
     min_stake: float = Field(0.0, ge=0, description="credits a community node must stake to take work")
     audit_rate: float = Field(0.0, ge=0, le=1, description="fraction of contributions audited")
     governance_quorum: float = Field(

@@ -6,6 +6,10 @@ recent tokens twice, with and without the newest, and sends what the newest adde
 character (vLLM's incremental detokenization). Text that could still become a stop string is held back
 until it does (the output ends before it) or cannot.
 
+Tokens that are no valid UTF-8 (a character's first bytes, then a token that cannot end it: a sampling
+model may draw them) stream as the whole output decodes, U+FFFD included, once no later token can mend
+them; what is streamed is always the whole decode.
+
 The state after a list of tokens depends only on that list, so a request resumed with the tokens already
 sent starts from exactly the text its first server had sent.
 """

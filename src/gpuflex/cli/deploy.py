@@ -56,6 +56,8 @@ def _size(directory: Path) -> ModelSize:
 def _upload(client: Client, model: Path, context: int, max_batch: int, dtype: str) -> DeployedModel:
     """``--model DIR`` checked, sized and uploaded (a LoRA adapter merged into its base first); refused
     before anything is uploaded when no online node could hold a replica."""
+    if not model.is_dir():
+        raise BadRequest(f"--model {model}: no such directory")
     from gpuflex.train.export import whole_model  # torch and transformers: only when a directory is deployed
 
     with whole_model(model) as directory:
@@ -136,7 +138,7 @@ def deploy(
     try:
         spec = DeploymentSpec.model_validate(fields)
     except ValidationError as err:
-        raise BadRequest(f"invalid deployment: {describe_validation_error(err)}") from None
+        raise BadRequest(f"invalid deployment: {describe_validation_error(err, DeploymentSpec)}") from None
     d = client.deploy(spec)
     console.print(
         f"deployed [bold]{d.id}[/] ({d.name}): {d.model}, {d.replicas} replicas; "

@@ -74,6 +74,8 @@ def create_app(directory: Path, name: str, api_key: str | None, max_batch: int, 
     from gpuflex.serve.model import ServedModel
     from gpuflex.train.export import whole_model
 
+    if not directory.is_dir():
+        raise BadRequest(f"{directory}: no such directory")
     transformers.logging.disable_progress_bar()  # one line says it is loading; a bar per file adds nothing
     with whole_model(directory) as root:
         if not (root / "config.json").is_file():

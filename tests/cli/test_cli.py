@@ -92,6 +92,23 @@ def test_a_bad_dtype_is_one_line_naming_the_choices(command):
     assert result.stderr.strip() == "error: --dtype fp64: give one of auto, bf16, fp16, fp32"
 
 
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        (
+            ["deploy", "--model", "{dir}", "--token", "gfx_x", "--url", "http://127.0.0.1:9"],
+            "--model {dir}: ",
+        ),
+        (["serve", "{dir}"], "{dir}: "),
+    ],
+)
+def test_a_missing_model_directory_is_named_by_its_option(tmp_path, command, says):
+    typo = str(tmp_path / "typo")
+    result = CliRunner().invoke(app, [a.format(dir=typo) for a in command])
+    assert result.exit_code == 1
+    assert result.exception.message == says.format(dir=typo) + "no such directory"
+
+
 def test_an_unreachable_coordinator_is_one_line(tmp_path):
     result = _gpuflex("jobs", "--token", "gfx_x", "--url", "http://127.0.0.1:9")
     assert result.returncode == 1

@@ -5,6 +5,8 @@ comments."""
 
 import re
 import shlex
+import shutil
+import subprocess
 from importlib.resources import files
 from pathlib import Path
 from typing import get_args
@@ -17,7 +19,8 @@ from gpuflex.cli.main import app
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.protocol.spec import CompressionSpec, load_job_spec
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
+ROOT = Path(__file__).parents[2]
+README = (ROOT / "README.md").read_text()
 EXAMPLE = files("gpuflex.examples") / "char-gpt.yaml"
 DEFAULT = {name: field.default for name, field in CoordinatorSettings.model_fields.items()}
 GOVERNANCE_RULES = [
@@ -128,3 +131,17 @@ def test_the_smollm2_example_trains_locally_the_job_its_yaml_submits(monkeypatch
     assert ours == theirs
     assert ran["workers"] == job.resources.workers
     assert str(ran["prepared"]) == str(Path(job.data.prepared))
+
+
+def test_make_install_only_sets_up_the_venv_and_the_readme_names_it(tmp_path):
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make on PATH")
+    venv = tmp_path / "venv"
+    dry = subprocess.run(
+        [make, "-n", "install", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert f"-m venv {venv}" in dry.stdout and f"touch {venv}/.installed" in dry.stdout
+    assert "bin/gpuflex" not in dry.stdout and "-m pytest" not in dry.stdout and "ruff" not in dry.stdout
+    assert "`make install`" in README[: README.index("## What `make demo` does")]

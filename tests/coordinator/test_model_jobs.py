@@ -4,12 +4,14 @@ server before any money moves, and sized for the market's VRAM estimate."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
 
+from gpuflex.cli.deploy import upload_served_model
 from gpuflex.cli.jobs import upload_model
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
@@ -52,6 +54,30 @@ def test_a_model_directory_goes_up_in_parts_once_and_the_job_names_it(coordinato
     job_id = alice.submit(spec).id
     assert alice.job(job_id).spec.training.model.uploaded == uploaded
     assert alice.quote(spec).vram_estimate_gb > 0
+
+
+def test_an_upload_says_what_it_sent_what_was_stored_and_what_trains(
+    coordinator, model_dir, tmp_path, capsys
+):
+    alice = coordinator.consumer("alice", deposit=5)
+    parts = len(bundle_directory(model_dir, coordinator.ctx.settings.max_blob_bytes)[1])
+
+    def said() -> str:
+        return " ".join(capsys.readouterr().out.split())
+
+    upload_served_model(alice, model_dir)
+    first = said()
+    assert f"; uploaded {parts} blobs (" in first and "stored" not in first
+    assert "parameters, " in first and "trained" not in first  # a deployment trains nothing
+    trainable = upload_model(alice, job(model_dir)).training.model.size.trainable
+    again = said()
+    assert (
+        f"({trainable:,} trained)" in again and f"; all {parts} blobs already stored, none uploaded" in again
+    )
+    edited = shutil.copytree(model_dir, tmp_path / "m")
+    (edited / "config.json").write_text((edited / "config.json").read_text() + "\n")
+    upload_served_model(alice, edited)
+    assert f"; uploaded 1 of {parts} blobs (0.0 MB), the other {parts - 1} already stored" in said()
 
 
 def test_the_server_refuses_a_model_it_does_not_hold_before_money_moves(coordinator, model_dir):

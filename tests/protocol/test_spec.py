@@ -2,9 +2,11 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from gpuflex.errors import SpecError
-from gpuflex.protocol.spec import job_spec_from_yaml, load_job_spec, parse_job_spec
+from gpuflex.protocol.deployment import DeploymentSpec
+from gpuflex.protocol.spec import describe_validation_error, job_spec_from_yaml, load_job_spec, parse_job_spec
 
 EXAMPLE = Path(__file__).parents[2] / "src" / "gpuflex" / "examples" / "char-gpt.yaml"
 
@@ -59,7 +61,16 @@ def test_min_workers_defaults_to_all_the_workers_and_never_exceeds_them():
 @pytest.mark.parametrize(
     ("yaml_text", "named"),
     [
-        ("name: x\ntraining: {roundz: 3}", "training.roundz: unknown field"),
+        ("name: x\ntraining: {roundz: 3}", "training.roundz: unknown field (did you mean rounds?)"),
+        ("nmae: x", "nmae: unknown field (did you mean name?)"),
+        (
+            "name: x\ntraining: {model: {form: ./m}}",
+            "training.model.form: unknown field (did you mean from?)",
+        ),
+        (
+            "name: x\ntraining: {lora: {rank: 8}}",
+            "training.lora.rank: unknown field (known: r, alpha, dropout, target_modules)",
+        ),
         ("name: x\nresources: {workers: 0}", "resources.workers"),
         ("name: x\nresources: {min_core_workers: -1}", "resources.min_core_workers"),
         ("name: x\nresources: {min_workers: 0}", "resources.min_workers: Input should be greater than"),
@@ -84,6 +95,14 @@ def test_bad_fields_are_named(yaml_text, named):
     with pytest.raises(SpecError) as err:
         job_spec_from_yaml(yaml_text)
     assert named in err.value.message
+
+
+def test_an_unknown_deployment_field_is_named_with_the_closest_known_one():
+    with pytest.raises(ValidationError) as err:
+        DeploymentSpec.model_validate({"name": "x", "model": {"job": "j-1", "form": "."}, "replica": 2})
+    assert describe_validation_error(err.value, DeploymentSpec) == (
+        "model.form: unknown field (did you mean from?); replica: unknown field (did you mean replicas?)"
+    )
 
 
 def test_malformed_yaml_and_non_mappings_are_refused(tmp_path):

@@ -17,7 +17,7 @@ from gpuflex.protocol.messages import TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.testing import CountingBlobs, save_llama, write_corpus
 from gpuflex.train.checkpoint import sha256
-from gpuflex.train.export import export_hf
+from gpuflex.train.export import export_hf, whole_model
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.precision import InnerStep
 from gpuflex.train.pretrained import bundle_model, describe, model_directory
@@ -219,6 +219,41 @@ def test_a_lora_checkpoint_exports_as_a_directory_transformers_loads(model_dir, 
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, tuned(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
     assert loaded.generate(ids, max_new_tokens=4, do_sample=False).shape[-1] == ids.shape[-1] + 4
+
+
+def test_an_adapter_becomes_a_whole_model_over_the_base_it_names_or_a_line_saying_what_works(
+    model_dir, tmp_path
+):
+    spec = spec_for(model_dir, lora=LORA)
+    replica = GlobalReplica(build_model(spec, get_recipe("hf-causal-lm").from_directory(model_dir)), spec)
+    with torch.no_grad():
+        for p in replica.parameters().values():
+            p.normal_(0, 0.2)
+    adapter = export_hf(replica.to_bytes(), spec, model_dir, tmp_path / "tuned")
+    merged = export_hf(replica.to_bytes(), spec, model_dir, tmp_path / "merged", merge=True)
+    with whole_model(merged) as directory:
+        assert directory == merged  # a whole model is itself
+    with whole_model(adapter) as directory:
+        assert directory.name == "tuned"
+        assert sorted(p.name for p in directory.iterdir()) == sorted(p.name for p in merged.iterdir())
+        weights = transformers.AutoModelForCausalLM.from_pretrained(directory).state_dict()
+        expected = transformers.AutoModelForCausalLM.from_pretrained(merged).state_dict()
+        torch.testing.assert_close(weights, expected)
+    assert not directory.exists()
+
+    moved = shutil.copytree(adapter, tmp_path / "elsewhere")
+    config = json.loads((moved / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(model_dir.resolve())
+    gone = tmp_path / "gone"
+    config["base_model_name_or_path"] = str(gone)
+    (moved / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(BadRequest) as refused, whole_model(moved):
+        pass
+    assert refused.value.message == (
+        f"{moved} is a LoRA adapter over {gone}, which is not a model directory on this machine: "
+        "fetch its job as a whole model (gpuflex job fetch JOB --format hf --merge -o DIR), "
+        "or deploy the job (gpuflex deploy JOB)"
+    )
 
 
 def test_export_refuses_what_it_cannot_write(model_dir, tmp_path):

@@ -53,6 +53,18 @@ def _size(directory: Path) -> ModelSize:
     return size
 
 
+def _upload(client: Client, model: Path, context: int, max_batch: int, dtype: str) -> DeployedModel:
+    """``--model DIR`` checked, sized and uploaded (a LoRA adapter merged into its base first); refused
+    before anything is uploaded when no online node could hold a replica."""
+    if not model.is_dir():
+        raise BadRequest(f"--model {model}: no such directory")
+    from gpuflex.train.export import whole_model  # torch and transformers: only when a directory is deployed
+
+    with whole_model(model) as directory:
+        _check_fits(client, _size(directory), context, max_batch, dtype)
+        return upload_served_model(client, directory)
+
+
 def _check_fits(client: Client, size: ModelSize | None, context: int, max_batch: int, dtype: str) -> None:
     """Refuse, in one line with what would fit, a replica no online GPU node can hold by the market's
     estimate (a CPU node, which serves from its RAM, is not held to it; with none of either, it waits)."""
@@ -76,7 +88,11 @@ def deploy(
         str | None, typer.Argument(help="serve this training job's newest checkpoint (id or prefix)")
     ] = None,
     model: Annotated[
-        Path | None, typer.Option("--model", help="serve this save_pretrained directory instead")
+        Path | None,
+        typer.Option(
+            "--model",
+            help="serve this save_pretrained directory instead, or a LoRA adapter over one (merged into it)",
+        ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="a name for it; default: the job's or directory's")] = None,
     replicas: Annotated[int, typer.Option(min=1, help="replicas on as many nodes")] = 1,
@@ -107,8 +123,8 @@ def deploy(
         _check_fits(client, job.spec.training.model.size, context, max_batch, dtype)
         served, default_name = DeployedModel(job=job_id), job.name
     else:
-        _check_fits(client, _size(model), context, max_batch, dtype)  # before anything is uploaded
-        served, default_name = upload_served_model(client, model), model.expanduser().resolve().name
+        served = _upload(client, model, context, max_batch, dtype)
+        default_name = model.expanduser().resolve().name
     fields = {
         "name": name or default_name,
         "model": served.model_dump(exclude_none=True),
@@ -122,7 +138,7 @@ def deploy(
     try:
         spec = DeploymentSpec.model_validate(fields)
     except ValidationError as err:
-        raise BadRequest(f"invalid deployment: {describe_validation_error(err)}") from None
+        raise BadRequest(f"invalid deployment: {describe_validation_error(err, DeploymentSpec)}") from None
     d = client.deploy(spec)
     console.print(
         f"deployed [bold]{d.id}[/] ({d.name}): {d.model}, {d.replicas} replicas; "

@@ -48,9 +48,8 @@ def upload_inputs(
     dataset = None
     if spec.data.prepared is not None:
         up = upload_prepared(client, spec, Path(spec.data.prepared).expanduser(), seal)
-        there = f"; the other {up.shards - up.sent} were there already" if up.sent < up.shards else ""
-        sent = f"uploaded {up.sent} of {up.shards} shards ({up.sent_bytes:,} bytes)"
-        console.print(f"dataset {up.manifest}: {sent}{there}", highlight=False)
+        sent = _uploaded(up.sent, up.shards, "shards", f"{up.sent_bytes:,} bytes")
+        console.print(f"dataset {up.manifest}: {sent}", highlight=False)
         dataset = up.manifest
     elif spec.data.source is not None and spec.data.source != "none":
         corpus = build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions)
@@ -92,9 +91,7 @@ def upload_model(client: Client, spec: JobSpec, key: data_keys.JobKey | None = N
                 client.upload(part.read())
                 sent += part.size
         client.upload(bundle.to_bytes())
-        stored = (
-            f"uploaded {len(missing)} of {len(parts)} blobs ({sent / 1e6:.1f} MB), the rest already stored"
-        )
+        stored = _uploaded(len(missing), len(parts), "blobs", f"{sent / 1e6:.1f} MB")
     else:
         sealed = {part.sha256: client.upload(key.seal(part.read())) for part in parts}
         manifest = client.upload(key.seal(bundle.stored_as(sealed).to_bytes()))
@@ -105,12 +102,22 @@ def upload_model(client: Client, spec: JobSpec, key: data_keys.JobKey | None = N
         stored = f"encrypted here and uploaded as {len(parts)} blobs ({megabytes:.1f} MB)"
     size = training.model.size
     assert size is not None, "bundle_model sizes the model"
+    trained = f" ({size.trainable:,} trained)" if size.trainable < size.parameters else ""
     console.print(
-        f"model {root}: {size.parameters:,} parameters ({size.trainable:,} trained), "
-        f"{len(bundle.files)} files; {stored}",
+        f"model {root}: {size.parameters:,} parameters{trained}, {len(bundle.files)} files; {stored}",
         highlight=False,
     )
     return spec.model_copy(update={"training": training})
+
+
+def _uploaded(sent: int, total: int, what: str, size: str) -> str:
+    """What an upload of ``total`` blobs sent, ``size`` in all: every one, some (the others were stored
+    already), or none."""
+    if sent == total:
+        return f"uploaded {total} {what} ({size})"
+    if sent == 0:
+        return f"all {total} {what} already stored, none uploaded"
+    return f"uploaded {sent} of {total} {what} ({size}), the other {total - sent} already stored"
 
 
 def submit(

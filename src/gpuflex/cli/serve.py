@@ -1,6 +1,7 @@
 """``gpuflex serve DIR``: a model directory served on this machine behind an OpenAI-compatible API.
 
-One in-process ``Engine`` over the directory (what ``gpuflex job fetch --format hf`` writes), the OpenAI
+One in-process ``Engine`` over the directory (what ``gpuflex job fetch --format hf`` writes; a LoRA
+adapter is merged into the base it names first, ``train.export.whole_model``), the OpenAI
 routes (``gpuflex.coordinator.routes.openai``) under ``/v1``, on uvicorn. Without ``--api-key`` anyone
 who reaches the port may use it, so it then listens on loopback only; a public address needs a key.
 """
@@ -71,14 +72,21 @@ def create_app(directory: Path, name: str, api_key: str | None, max_batch: int, 
     from gpuflex.serve.backend import LocalBackend
     from gpuflex.serve.engine import Engine
     from gpuflex.serve.model import ServedModel
+    from gpuflex.train.export import whole_model
 
-    if not (directory / "config.json").is_file():
-        raise BadRequest(f"{directory} holds no config.json: give a save_pretrained model directory")
+    if not directory.is_dir():
+        raise BadRequest(f"{directory}: no such directory")
     transformers.logging.disable_progress_bar()  # one line says it is loading; a bar per file adds nothing
-    try:
-        engine = Engine(ServedModel.load(directory, dtype=dtype), max_batch=max_batch)
-    except (OSError, ValueError) as err:
-        raise BadRequest(f"cannot load the model in {directory}: {err}") from None
+    with whole_model(directory) as root:
+        if not (root / "config.json").is_file():
+            raise BadRequest(
+                f"{directory} holds no config.json: give a save_pretrained model directory or a LoRA "
+                "adapter (gpuflex job fetch JOB --format hf -o DIR)"
+            )
+        try:
+            engine = Engine(ServedModel.load(root, dtype=dtype), max_batch=max_batch)
+        except (OSError, ValueError) as err:
+            raise BadRequest(f"cannot load the model in {directory}: {err}") from None
     backend = LocalBackend(engine, name)
     app = FastAPI(title=f"gpuflex serve {name}")
     app.include_router(create_router(lambda: backend, api_key_check(api_key)), prefix="/v1")
@@ -87,7 +95,11 @@ def create_app(directory: Path, name: str, api_key: str | None, max_batch: int, 
 
 def serve(
     directory: Annotated[
-        Path, typer.Argument(help="a save_pretrained model directory (gpuflex job fetch --format hf -o DIR)")
+        Path,
+        typer.Argument(
+            help="a save_pretrained model directory, or a LoRA adapter over one "
+            "(gpuflex job fetch --format hf -o DIR)"
+        ),
     ],
     name: Annotated[
         str | None, typer.Option(help="the model's name in requests \\[default: DIR's name]")

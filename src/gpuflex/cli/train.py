@@ -53,7 +53,7 @@ def build_spec(fields: dict[str, Any]) -> TrainingSpec:
     try:
         return TrainingSpec.model_validate(fields)
     except ValidationError as err:
-        raise SpecError(f"invalid option: {describe_validation_error(err)}") from None
+        raise SpecError(f"invalid option: {describe_validation_error(err, TrainingSpec)}") from None
 
 
 @train_app.command("local")

@@ -150,7 +150,7 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
     try:
         return Manifest.model_validate_json(data)
     except ValidationError as err:
-        raise BadRequest(f"{where}: {describe_validation_error(err)}") from None
+        raise BadRequest(f"{where}: {describe_validation_error(err, Manifest)}") from None
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ Every model is strict (``extra="forbid"``) so a typo is an error that names the 
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -33,6 +34,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from gpuflex.errors import SpecError
 
@@ -521,14 +523,41 @@ class JobSpec(_Strict):
         return self
 
 
-def describe_validation_error(err: ValidationError) -> str:
-    """One line per problem, each naming the field by its dotted path."""
+def describe_validation_error(err: ValidationError, model: type[BaseModel]) -> str:
+    """One line per problem, each naming the field by its dotted path; an unknown field of ``model`` (the
+    one validated) or of a model within it comes with the closest known field, or the known ones."""
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        msg = _unknown(e["loc"], model) if e["type"] == "extra_forbidden" else e["msg"]
         lines.append(f"{where}: {msg}")
     return "; ".join(lines)
+
+
+def _unknown(loc: tuple[int | str, ...], model: type[BaseModel]) -> str:
+    """An unknown field at ``loc`` with the closest field its model knows (``did you mean r?``), or them
+    all; the models come from the fields' annotations, past lists, dicts and unions."""
+    models = {model}
+    for step in loc[:-1]:  # a step that names no field (a list index, a dict key) keeps the models
+        fields = {key: f for m in models for key, f in _keys(m).items()}
+        if step in fields:
+            models = _models_in(fields[step].annotation)
+    known = list(dict.fromkeys(key for m in models for key in _keys(m)))
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+    if close:
+        return f"unknown field (did you mean {close[0]}?)"
+    return f"unknown field (known: {', '.join(known)})" if known else "unknown field"
+
+
+def _keys(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """A model's fields by the key a spec writes them with (the alias where there is one: ``from``)."""
+    return {f.alias or name: f for name, f in model.model_fields.items()}
+
+
+def _models_in(annotation: object) -> set[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {annotation}
+    return {m for arg in get_args(annotation) for m in _models_in(arg)}
 
 
 def parse_job_spec(data: object) -> JobSpec:
@@ -538,7 +567,7 @@ def parse_job_spec(data: object) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(f"invalid job spec: {describe_validation_error(err)}") from None
+        raise SpecError(f"invalid job spec: {describe_validation_error(err, JobSpec)}") from None
 
 
 def job_spec_from_yaml(text: str) -> JobSpec:

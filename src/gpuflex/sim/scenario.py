@@ -185,7 +185,7 @@ def parse_scenario(data: object, *, where: str = "scenario") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        raise SpecError(f"invalid {where}: {describe_validation_error(err)}") from None
+        raise SpecError(f"invalid {where}: {describe_validation_error(err, Scenario)}") from None
 
 
 def load_scenario(path: str | Path) -> Scenario:

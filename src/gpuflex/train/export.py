@@ -13,12 +13,19 @@ checked to be the very files the job was uploaded from), the checkpoint loaded i
   the base weights and saved as a whole model, in the base's dtype as a full fine-tune is.
 
 The base directory's tokenizer files go along, so ``AutoTokenizer.from_pretrained(DIR)`` loads as well.
+
+``whole_model`` turns such an adapter back into a whole model directory (the adapter merged into the base
+it names, as ``merge`` would have written it): what ``gpuflex serve`` and ``gpuflex deploy --model`` take.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -28,9 +35,11 @@ from gpuflex.protocol.spec import TrainingSpec
 from gpuflex.storage.bundles import CONFIG, WEIGHTS
 from gpuflex.train.outer import load_model
 from gpuflex.train.recipes import build_model, get_recipe
+from gpuflex.train.recipes.hf_causal_lm import _peft, _transformers
 
 # what save_pretrained writes of a model: the export writes its own; everything else (tokenizer) is copied
 MODEL_FILES = (CONFIG, "generation_config.json")
+ADAPTER_CONFIG = "adapter_config.json"
 SAVED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -48,8 +57,41 @@ def export_hf(
     load_model(model, checkpoint)
     if merge:
         model = model.merge_and_unload()
+    return _save(model, base, out, cast=merge or training.lora is None)  # an adapter stays as peft writes it
+
+
+@contextmanager
+def whole_model(directory: Path) -> Iterator[Path]:
+    """``directory`` as a whole model directory for the ``with`` block: itself, or, for a LoRA adapter
+    (``adapter_config.json``), the adapter merged into the base directory it names, written to a temporary
+    directory of the same name. A base not on this machine is one line naming what works instead."""
+    config = directory / ADAPTER_CONFIG
+    if not config.is_file():
+        yield directory
+        return
+    named = json.loads(config.read_text()).get("base_model_name_or_path")
+    base = Path(named).expanduser() if named else None
+    if base is None or not (base / CONFIG).is_file():
+        raise BadRequest(
+            f"{directory} is a LoRA adapter over {named or 'a base it does not name'}, which is not a model "
+            "directory on this machine: fetch its job as a whole model "
+            "(gpuflex job fetch JOB --format hf --merge -o DIR), or deploy the job (gpuflex deploy JOB)"
+        )
+    model = _transformers().AutoModelForCausalLM.from_pretrained(
+        base, dtype=torch.float32, local_files_only=True
+    )
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question; not ours to answer
+        warnings.simplefilter("ignore", FutureWarning)
+        merged = _peft().PeftModel.from_pretrained(model, directory).merge_and_unload()
+    with tempfile.TemporaryDirectory() as tmp:
+        yield _save(merged, base.resolve(), Path(tmp) / directory.resolve().name, cast=True)
+
+
+def _save(model: torch.nn.Module, base: Path, out: Path, *, cast: bool) -> Path:
+    """``save_pretrained`` of ``model`` into ``out`` (with ``cast``, in the dtype of the base directory's
+    weights), and the base's other files (its tokenizer) beside it."""
     dtype = _saved_dtype(base)
-    if dtype is not None and (merge or training.lora is None):  # an adapter stays as peft writes it
+    if cast and dtype is not None:
         model = model.to(dtype)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -66,7 +66,9 @@ def get_compressor(spec: CompressionSpec | str) -> Compressor:
     try:
         spec = CompressionSpec.model_validate(spec)
     except ValidationError as err:
-        raise BadRequest(f"unknown compression {spec!r}: {describe_validation_error(err)}") from None
+        raise BadRequest(
+            f"unknown compression {spec!r}: {describe_validation_error(err, CompressionSpec)}"
+        ) from None
     if spec.method == "topk":
         return TopK(CODECS[spec.values](), spec.density, spec.block_size)
     return Dense(CODECS[spec.method](), spec.block_size)

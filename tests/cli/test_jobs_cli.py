@@ -216,12 +216,13 @@ def test_jobs_and_job_show_print_json(net, trained):
 
 @pytest.fixture(scope="module")
 def ran_out(net, trained):
-    """A job whose budget of 0.001 ran out before round 1: it failed, and settled the whole budget."""
+    """A job whose budget of 0.001 ran out before round 1: it ended out of budget, and settled the whole
+    budget."""
     job_id = _submit(net, budget=0.001)
     net.start(job_id)
     net.clock.advance(1)
     reap_once(net.ctx, judge_liveness=False)
-    assert net.alice.job(job_id).state == "failed"
+    assert net.alice.job(job_id).state == "out_of_budget"
     return job_id
 
 
@@ -229,7 +230,7 @@ def test_a_watched_job_exits_by_how_it_ended(net, trained, ran_out):
     completed, _ = trained
     assert net.gpuflex("job", "watch", completed).returncode == 0
     watched = net.gpuflex("job", "watch", ran_out)
-    assert watched.returncode == 3 and "failed (budget spent)" in watched.stdout, watched.stdout
+    assert watched.returncode == 5 and "out_of_budget (budget spent)" in watched.stdout, watched.stdout
     cancelled = _submit(net)
     said = net.gpuflex("job", "cancel", cancelled)
     assert said.returncode == 0 and "spent 0.00 of a 5.00 budget, 5.00 refunded" in said.stdout, said.stdout
@@ -238,7 +239,7 @@ def test_a_watched_job_exits_by_how_it_ended(net, trained, ran_out):
 
 
 def test_costs_of_a_job_whose_budget_ran_out_are_what_the_ledger_settled(net, ran_out, tmp_path):
-    (settlement,) = [e for e in from_export(net.alice.ledger()) if e.memo == f"job {ran_out} failed"]
+    (settlement,) = [e for e in from_export(net.alice.ledger()) if e.memo == f"job {ran_out} out_of_budget"]
     settled = -dict(settlement.postings)[accounts.escrow(ran_out)]
     assert settled == 1000  # micro-credits: the whole budget, nothing refunded
     detail = net.alice.job(ran_out)

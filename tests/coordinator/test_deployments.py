@@ -142,7 +142,7 @@ def test_a_lost_replica_is_placed_again_and_an_empty_budget_ends_the_deployment(
     other.heartbeat(held(again))
     reap_once(coordinator.ctx)
     ended = alice.deployment(d.id)
-    assert (ended.state, ended.reason, ended.spent) == ("completed", "budget spent", 0.004)
+    assert (ended.state, ended.reason, ended.spent) == ("out_of_budget", "budget spent", 0.004)
     assert alice.balance().balance == pytest.approx(4.996)
     assert check_invariants(coordinator.ctx.settings.database_url) == []
 

@@ -129,8 +129,8 @@ def submit(
     data key made here and sealed to this machine's key (~/.gpuflex/sealing.key); the job's nodes get
     that key only while something here serves it: --watch does, or `gpuflex job keys JOB`.
 
-    With --watch, exit code: 0 completed, 3 failed, 4 cancelled, 130 stopped watching (Ctrl-C; the job
-    goes on)."""
+    With --watch, exit code: 0 completed, 3 failed, 4 cancelled, 5 out_of_budget, 130 stopped watching
+    (Ctrl-C; the job goes on)."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
     # before anything is uploaded or spent: what the job's first placement will find
@@ -468,7 +468,8 @@ def watch(job_id: JobId, url: Url = None, token: Token = None) -> None:
 
     An encrypted job's data key is served to its leased nodes meanwhile (as `job keys` does).
 
-    Exit code: 0 completed, 3 failed, 4 cancelled, 130 stopped watching (Ctrl-C; the job goes on)."""
+    Exit code: 0 completed, 3 failed, 4 cancelled, 5 out_of_budget, 130 stopped watching (Ctrl-C; the job
+    goes on)."""
     client = consumer_client(url, token)
     encrypted = client.job(job_id).spec.privacy.encrypt
     _follow(client, job_id, consumer_client(url, token) if encrypted else None)

@@ -37,7 +37,8 @@ SealedKey = Annotated[
     str, Field(pattern=r"^[0-9a-f]{2,1024}$", description="a job's data key sealed to one X25519 key, hex")
 ]
 NodeKind = Literal["core", "community"]
-JobState = Literal["pending", "scheduled", "running", "completed", "failed", "cancelled"]
+# out_of_budget: ended because its budget was spent, whatever it had done by then
+JobState = Literal["pending", "scheduled", "running", "completed", "failed", "cancelled", "out_of_budget"]
 TrainingRole = Literal["aggregator", "worker"]
 TaskRole = Literal["aggregator", "worker", "server"]  # server: a deployment's replica
 # unplaced: the job ended before the task ever held a lease (it never ran; ``placement`` says why)

@@ -65,7 +65,7 @@ def overview(session: Session, blobs: BlobInfo) -> Overview:
         tflops=sum(n.tflops for n in online),
         running_jobs=jobs.get("running", 0),
         queued_jobs=jobs.get("pending", 0) + jobs.get("scheduled", 0),
-        finished_jobs=sum(jobs.get(s, 0) for s in ("completed", "failed", "cancelled")),
+        finished_jobs=sum(n for state, n in jobs.items() if state not in market.OPEN_JOB_STATES),
         rounds=session.scalar(select(func.count()).select_from(Round)) or 0,
         price_index=median(to_credits(n.price_micro) for n in online),
         bytes_exchanged=network_bytes(session, blobs, job_ids),

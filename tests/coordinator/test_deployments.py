@@ -147,6 +147,34 @@ def test_a_lost_replica_is_placed_again_and_an_empty_budget_ends_the_deployment(
     assert check_invariants(coordinator.ctx.settings.database_url) == []
 
 
+def test_a_deployment_is_taken_by_its_name_wherever_its_id_is_and_chat_checks_it_before_a_prompt(
+    coordinator, model_dir
+):
+    alice = coordinator.consumer("alice", deposit=5)
+    model = upload_served_model(alice, model_dir)
+    old = alice.deploy(spec(model, name="smol-tuned"))
+    assert alice.deployment("smol-tuned").id == old.id
+    assert alice.scale("smol-tuned", 2).replicas == 2
+    assert alice.create_key("smol-tuned").deployment_id == old.id
+    assert any("scaled from 1 to 2" in e.message for e in alice.deployment_logs("smol-tuned"))
+    new = alice.deploy(spec(model, name="smol-tuned"))
+    with pytest.raises(Conflict, match=f"deployment name smol-tuned is ambiguous: {old.id}, {new.id} are"):
+        alice.deployment("smol-tuned")
+    assert alice.stop_deployment(old.id).state == "cancelled"
+    assert alice.deployment("smol-tuned").id == new.id  # the one still open
+    assert alice.stop_deployment("smol-tuned").id == new.id
+    with pytest.raises(Conflict, match="is ambiguous"):  # both ended: neither goes first
+        alice.deployment("smol-tuned")
+    with pytest.raises(NotFound):
+        coordinator.consumer("bob").deployment("smol-tuned")
+
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    who = ["--url", coordinator.url, "--token", token]
+    chat = CliRunner().invoke(app, ["chat", "NOSUCH", *who], input="hello\n\n")
+    assert isinstance(chat.exception, BadRequest) and "no deployment NOSUCH" in chat.exception.message
+    assert "you>" not in chat.output  # refused before the first prompt
+
+
 def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refused(coordinator, model_dir):
     alice = coordinator.consumer("alice", deposit=1)
     model = upload_served_model(alice, model_dir)

@@ -26,7 +26,7 @@ key_app = typer.Typer(help="API keys scoped to one deployment.", no_args_is_help
 deployment_app.add_typer(key_app, name="key")
 console = Console()
 DeploymentId = Annotated[
-    str, typer.Argument(help="deployment id as `gpuflex deployments` lists it, or any unique prefix of it")
+    str, typer.Argument(help="deployment name or id as `gpuflex deployments` lists them, or an id's prefix")
 ]
 
 
@@ -307,22 +307,23 @@ def chat(
         http_client=httpx.Client(verify=trusting(target.ca)),  # the coordinator's CA, as the CLI's own
     )
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
-    while True:
-        try:
-            line = console.input("[bold]you>[/] ")
-        except EOFError:
-            break
-        if not line.strip():
-            break
-        messages.append({"role": "user", "content": line})
-        answer = []
-        try:
+    try:
+        client.models.retrieve(deployment_id)  # one that is not there fails now, not after a first message
+        while True:
+            try:
+                line = console.input("[bold]you>[/] ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            messages.append({"role": "user", "content": line})
+            answer = []
             stream = client.chat.completions.create(model=deployment_id, messages=messages, stream=True)
             for chunk in stream:
                 if chunk.choices and (text := chunk.choices[0].delta.content):
                     answer.append(text)
                     console.print(text, end="", markup=False, highlight=False)
-        except OpenAIError as err:
-            raise BadRequest(f"the gateway refused: {err}") from None
-        console.print()
-        messages.append({"role": "assistant", "content": "".join(answer)})
+            console.print()
+            messages.append({"role": "assistant", "content": "".join(answer)})
+    except OpenAIError as err:
+        raise BadRequest(f"the gateway refused: {err}") from None

@@ -100,9 +100,21 @@ def _add_replicas(session: Session, deployment: Job, indexes: range) -> None:
 
 
 def owned(session: Session, account: Account, deployment_id: str) -> Job:
-    """The deployment, if it is this account's, by its id or a unique prefix of it; anyone else's is as
-    unknown as a missing one."""
-    return ids.lookup(session, Job, deployment_id, *jobs.mine(account, KIND), what="deployment")
+    """The deployment, if it is this account's, by its name (as `deploy --name` gave it, and as the API's
+    ``model`` takes it), its id or a unique prefix of it; anyone else's is as unknown as a missing one. A
+    name several deployments share is an error listing their ids, unless only one of them is open."""
+    scope = jobs.mine(account, KIND)
+    named = list(
+        session.scalars(select(Job).where(*scope, Job.name == deployment_id).order_by(Job.created_at))
+    )
+    named = [d for d in named if d.state in OPEN_JOB_STATES] or named
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise Conflict(
+            f"deployment name {deployment_id} is ambiguous: {ids.listed(named)} are named so; give an id"
+        )
+    return ids.lookup(session, Job, deployment_id, *scope, what="deployment")
 
 
 def list_for(session: Session, account: Account) -> list[Job]:

@@ -4,6 +4,7 @@ scaled, stopped with a refund, ended by their budget, seen only by their owner; 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from pydantic import ValidationError
@@ -23,7 +24,7 @@ from gpuflex.protocol import messages as m
 from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage.bundles import bundle_directory
-from gpuflex.testing import check_invariants, save_llama
+from gpuflex.testing import check_invariants, save_llama, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +79,34 @@ def test_a_deployment_is_escrowed_placed_leased_as_servers_and_only_its_owner_se
     assert all(g is not None and g.role == "server" for g in grants)
     assert isinstance(grants[0].task, m.ServerConfig) and grants[0].task.model == model
     assert sorted(g.task.replica for g in grants) == [0, 1]
-    shown = alice.deployment(created.id[:4])
-    assert (shown.state, shown.live_replicas) == ("running", 2)
+    first, second = sorted(grants, key=lambda g: g.task.replica)
+    shown = alice.deployment(created.id[:4])  # leased is not live: a replica answers once it polls
+    assert (shown.state, shown.live_replicas) == ("starting", 0)
+    assert shown.reason == "replica 0 starting on its node; replica 1 starting on its node"
+    coordinator.task(first).relay_phase("loading")
+    coordinator.task(second).relay_phase("downloading")
+    said = alice.deployment(created.id)
+    assert (said.state, said.reason) == (
+        "starting",
+        "replica 0 loading the model; replica 1 downloading the model",
+    )
+    coordinator.task(first).relay_poll(0)  # its model loaded, it polls: it answers
+    shown = alice.deployment(created.id)
+    assert (shown.state, shown.live_replicas, shown.reason) == (
+        "running",
+        1,
+        "replica 1 downloading the model",
+    )
+    coordinator.task(second).relay_poll(0)
+    coordinator.task(second).relay_poll(0)
+    assert (alice.deployment(created.id).live_replicas, alice.deployments()[0].reason) == (2, "")
+    logged = [e.message for e in alice.deployment_logs(created.id) if e.message.startswith("[server")]
+    assert [line.split("] ")[1].split(",")[0] for line in logged] == [
+        "loading the model",
+        "downloading the model",
+        "ready: answers requests",
+        "ready: answers requests",  # once a replica, however often it polls
+    ]
     assert [d.id for d in alice.deployments()] == [created.id]
     assert alice.jobs() == []  # a deployment is not a training job
     assert bob.deployments() == []
@@ -102,7 +129,7 @@ def test_scaling_places_new_replicas_and_cancels_the_newest_and_stop_refunds_the
     for i, grant in leased.items():
         assert nodes[i].heartbeat(held(grant)).revoked == []
     scaled = alice.scale(d.id, 1)
-    assert (scaled.replicas, scaled.live_replicas) == (1, 1)
+    assert (scaled.replicas, scaled.live_replicas) == (1, 0)  # none polled the relay: none answers
     revoked = {g.task.replica: nodes[i].heartbeat(held(g)).revoked for i, g in leased.items()}
     cancelled = {g.task.replica: [g.lease_id] for g in leased.values() if g.task.replica > 0}
     assert revoked == {0: [], **cancelled}
@@ -208,6 +235,35 @@ def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refus
     )
     assert deployed.exit_code == 0, deployed.output
     assert alice.deployments()[-1].name == "h"  # the job's name, not the prefix it was given by
+
+
+def test_deploy_wait_returns_once_a_replica_answers_and_fails_when_the_deployment_ends_first(
+    coordinator, model_dir
+):
+    alice = coordinator.consumer("alice", deposit=5)
+    node = coordinator.node("n0", price=0.2)
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    deploy = ["deploy", "--model", str(model_dir), "--wait", "--budget", "1"]
+    deploy += ["--url", coordinator.url, "--token", token]
+    with ThreadPoolExecutor(1) as pool:
+        deploying = pool.submit(CliRunner().invoke, app, deploy)
+        replica = coordinator.task(wait_for(node.lease, 60, "the replica to be leased"))
+        replica.relay_phase("loading")
+        time.sleep(2)  # --wait looks every 0.5 s: it sees the replica load, and waits on
+        assert not deploying.done()
+        replica.relay_poll(0)
+        deployed = deploying.result(timeout=30)
+    assert deployed.exit_code == 0, deployed.output
+    assert "starting: replica 0 loading the model" in deployed.output
+    assert deployed.output.rstrip().endswith("answers: 1 of 1 replicas live"), deployed.output
+
+    with ThreadPoolExecutor(1) as pool:  # n0 serves the first: this one waits for a node
+        waiting = pool.submit(CliRunner().invoke, app, [*deploy, "--name", "never"])
+        named = wait_for(lambda: [d for d in alice.deployments() if d.name == "never"], 30, "the deployment")
+        alice.stop_deployment(named[0].id)
+        ended = waiting.result(timeout=30)
+    assert isinstance(ended.exception, BadRequest), ended.output
+    assert "ended before a replica answered: cancelled: stopped by alice" in ended.exception.message
 
 
 def test_the_deploy_clis_dtype_reaches_the_spec(coordinator, model_dir):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from gpuflex.cli.jobs import print_events, upload_model, verdict_table
 from gpuflex.cli.options import Dtype, Token, Url
 from gpuflex.cli.output import Json, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client, resolve
+from gpuflex.cli.watch import TERMINAL
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.market.memory import serve_vram_estimate_gb, serve_ways_to_fit
@@ -93,11 +95,15 @@ def deploy(
         ),
     ] = DeploymentSpec.model_fields["audit_rate"].default,
     dtype: Dtype = DeploymentSpec.model_fields["dtype"].default,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="return once a replica answers (exit 1 if it ends before)")
+    ] = False,
     url: Url = None,
     token: Token = None,
 ) -> None:
     """Serve a model on the network: a training job's checkpoint, or a model directory (--model). The
-    budget moves into escrow; providers are paid per second their replicas hold a lease."""
+    budget moves into escrow; providers are paid per second their replicas hold a lease. It is
+    `starting` until a replica has loaded the model and answers, then `running`."""
     if (job_id is None) == (model is None):
         raise BadRequest("name a job to serve, or give --model DIR: one of the two")
     client = consumer_client(url, token)
@@ -129,6 +135,22 @@ def deploy(
         f"budget {credits(d.budget)} credits in escrow"
     )
     console.print(f"`gpuflex deployment show {d.id}` says where each replica runs, or why it waits")
+    if wait:
+        _wait_until_answering(client, d.id)
+
+
+def _wait_until_answering(client: Client, deployment_id: str, poll_s: float = 0.5) -> None:
+    """Until a replica of the deployment answers requests, saying what its replicas do meanwhile; an
+    error if it ends first. A script that waits on this can send requests at once."""
+    said = ""
+    while (d := client.deployment(deployment_id)).state not in TERMINAL and not d.live_replicas:
+        if (line := f"{d.state}: {d.reason}" if d.reason else d.state) != said:
+            console.print(line, highlight=False)
+            said = line
+        time.sleep(poll_s)
+    if not d.live_replicas:
+        raise BadRequest(f"deployment {d.id} ended before a replica answered: {d.state}: {d.reason}")
+    console.print(f"deployment {d.id} answers: {d.live_replicas} of {d.replicas} replicas live")
 
 
 def list_deployments(as_json: Json = False, url: Url = None, token: Token = None) -> None:

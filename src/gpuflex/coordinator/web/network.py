@@ -63,7 +63,7 @@ def overview(session: Session, blobs: BlobInfo) -> Overview:
         nodes=len(online),
         gpus=sum(len(n.hardware.get("gpus", [])) for n in online),
         tflops=sum(n.tflops for n in online),
-        running_jobs=jobs.get("running", 0),
+        running_jobs=jobs.get("starting", 0) + jobs.get("running", 0),
         queued_jobs=jobs.get("pending", 0) + jobs.get("scheduled", 0),
         finished_jobs=sum(n for state, n in jobs.items() if state not in market.OPEN_JOB_STATES),
         rounds=session.scalar(select(func.count()).select_from(Round)) or 0,

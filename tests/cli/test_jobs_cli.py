@@ -340,3 +340,25 @@ def _signal_dispositions(pid: int) -> dict[str, str]:
         for k, _, v in (line.partition(":") for line in lines)
         if k in ("SigIgn", "SigBlk", "SigCgt")
     }
+
+
+def test_submit_warns_of_a_budget_short_of_the_quotes_low_end_and_refuses_one_short_of_a_first_round(
+    net, tmp_path
+):
+    write_corpus(tmp_path / "data", files=1, lines=250)
+    spec = small_job(tmp_path / "data", workers=1, rounds=4).model_copy(update={"max_price_per_hour": 40.0})
+    low = net.alice.quote(spec).cost_low  # its budget of 1 covers it: not capped
+
+    def submit(budget: float) -> subprocess.CompletedProcess:
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump({**spec.model_dump(mode="json"), "budget": budget}))
+        return net.gpuflex("submit", str(tmp_path / "job.yaml"), columns=200)
+
+    refused = submit(low / 8)  # half its first round, at the quote's quickest
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "of this job's nodes, not its first round (≈ " in refused.stderr, refused.stderr
+    assert "submitted" not in refused.stdout
+    warned = submit(low / 2)
+    assert warned.returncode == 0, warned.stderr
+    said = " ".join(warned.stdout.split())
+    assert "before the job can end" in said and "it would end out_of_budget" in said, said
+    net.alice.cancel(said.split()[2])  # left waiting, the next test's nodes would take it

@@ -296,6 +296,30 @@ def test_a_deployment_no_online_gpu_can_hold_is_refused_before_its_model_is_uplo
     assert set(alice.missing_blobs(files).keys) == set(files)  # none of its files was uploaded
 
 
+def test_deploy_refuses_a_budget_short_of_a_minute_of_its_replicas_and_warns_of_one_short_of_an_hour(
+    coordinator, model_dir
+):
+    coordinator.node("n0", price=0.2)
+    coordinator.node("pricey", price=0.9)  # asks more than --max-price: not one it may take
+    alice = coordinator.consumer("alice", deposit=5)
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    deploy = ["deploy", "--model", str(model_dir), "--max-price", "0.5"]
+    deploy += ["--url", coordinator.url, "--token", token]
+    refused = CliRunner().invoke(app, [*deploy, "--budget", "0.0001"])
+    assert isinstance(refused.exception, BadRequest), refused.output
+    assert refused.exception.message == (
+        "a budget of 0.0001 credits pays ≈ 2 s of 1 replicas at the cheapest online prices, 0.20 credits/h, "
+        "not their first minute: give --budget 0.003334 or more"
+    )
+    assert alice.deployments() == []
+    files = bundle_directory(model_dir, coordinator.ctx.settings.max_blob_bytes)[0].digests()
+    assert set(alice.missing_blobs(files).keys) == set(files)  # refused before anything was uploaded
+    warned = CliRunner().invoke(app, [*deploy, "--budget", "0.01"])
+    assert warned.exit_code == 0, warned.output
+    said = " ".join(warned.output.split())
+    assert "the budget lasts ≈ 3 min of 1 replicas at the cheapest online prices, 0.20 credits/h" in said
+
+
 def _serve(coordinator, key_id: str, prompt_tokens: int, completion_tokens: int) -> None:
     """What the gateway does as a request is let through and served under the key (a replica's job)."""
     with coordinator.ctx.tx() as s:

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from gpuflex.cli.jobs import print_events, upload_model, verdict_table
 from gpuflex.cli.options import Dtype, Token, Url
-from gpuflex.cli.output import Json, credits, print_json, settled, table
+from gpuflex.cli.output import Json, at_least, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client, resolve
 from gpuflex.cli.watch import TERMINAL
 from gpuflex.client import Client
@@ -73,6 +73,27 @@ def _check_fits(client: Client, size: ModelSize | None, context: int, max_batch:
     )
 
 
+def _check_budget(client: Client, replicas: int, max_price: float, budget: float) -> None:
+    """Refuse a budget that cannot pay the first minute of the replicas on the cheapest online nodes they
+    may take (it would end out of budget while the model loads, having served nothing), and warn of one
+    that lasts under an hour; with no such node online it waits, spending nothing."""
+    online = [
+        o.price_per_hour for o in client.offers() if o.state == "online" and o.price_per_hour <= max_price
+    ]
+    per_hour = sum(sorted(online)[:replicas])
+    if not per_hour:
+        return
+    lasts_s = budget / per_hour * 3600
+    at = f"{min(replicas, len(online))} replicas at the cheapest online prices, {credits(per_hour)} credits/h"
+    if lasts_s < 60:
+        raise BadRequest(
+            f"a budget of {credits(budget)} credits pays ≈ {lasts_s:.0f} s of {at}, not their first minute: "
+            f"give --budget {at_least(per_hour / 60)} or more"
+        )
+    if lasts_s < 3600:
+        console.print(f"the budget lasts ≈ {lasts_s / 60:.0f} min of {at}", style="yellow", highlight=False)
+
+
 def deploy(
     job_id: Annotated[
         str | None, typer.Argument(help="serve this training job's newest checkpoint (id or prefix)")
@@ -107,6 +128,7 @@ def deploy(
     if (job_id is None) == (model is None):
         raise BadRequest("name a job to serve, or give --model DIR: one of the two")
     client = consumer_client(url, token)
+    _check_budget(client, replicas, max_price, budget)  # before anything is uploaded
     max_batch = DeploymentSpec.model_fields["max_batch"].default
     if job_id is not None:  # named after the job, never after the prefix it was given by
         job = client.job(job_id)

@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import select
 
 from gpuflex.cli.jobs import upload_inputs
+from gpuflex.cli.watch import TERMINAL
 from gpuflex.client import Client
 from gpuflex.coordinator.db import Contribution, Lease, Task, make_engine, make_sessionmaker
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.integration
 
 # a node is lost after 3 s of silence; a lease not renewed lives 8 s
 LIVENESS = {"GPUFLEX_HEARTBEAT_INTERVAL_S": "1", "GPUFLEX_HEARTBEAT_MISSES": "3", "GPUFLEX_LEASE_TTL_S": "8"}
-TERMINAL = ("completed", "failed", "cancelled")
 STEP_S = "0.02"  # each agent poses as a device doing 50 steps a second: tasks leave the cores free
 
 

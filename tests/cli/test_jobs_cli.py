@@ -216,12 +216,13 @@ def test_jobs_and_job_show_print_json(net, trained):
 
 @pytest.fixture(scope="module")
 def ran_out(net, trained):
-    """A job whose budget of 0.001 ran out before round 1: it failed, and settled the whole budget."""
+    """A job whose budget of 0.001 ran out before round 1: it ended out of budget, and settled the whole
+    budget."""
     job_id = _submit(net, budget=0.001)
     net.start(job_id)
     net.clock.advance(1)
     reap_once(net.ctx, judge_liveness=False)
-    assert net.alice.job(job_id).state == "failed"
+    assert net.alice.job(job_id).state == "out_of_budget"
     return job_id
 
 
@@ -233,7 +234,7 @@ def test_a_watched_job_exits_by_how_it_ended(net, trained, ran_out):
     assert lines[0].startswith("round 1/1: completed loss ") and lines[0].endswith(" cr"), watched.stdout
     assert lines[1].startswith(f"job {completed} tiny: completed; round 1/1;"), watched.stdout
     watched = net.gpuflex("job", "watch", ran_out)
-    assert watched.returncode == 3 and "failed (budget spent)" in watched.stdout, watched.stdout
+    assert watched.returncode == 5 and "out_of_budget (budget spent)" in watched.stdout, watched.stdout
     cancelled = _submit(net)
     said = net.gpuflex("job", "cancel", cancelled)
     assert said.returncode == 0 and "spent 0.00 of a 5.00 budget, 5.00 refunded" in said.stdout, said.stdout
@@ -242,7 +243,7 @@ def test_a_watched_job_exits_by_how_it_ended(net, trained, ran_out):
 
 
 def test_costs_of_a_job_whose_budget_ran_out_are_what_the_ledger_settled(net, ran_out, tmp_path):
-    (settlement,) = [e for e in from_export(net.alice.ledger()) if e.memo == f"job {ran_out} failed"]
+    (settlement,) = [e for e in from_export(net.alice.ledger()) if e.memo == f"job {ran_out} out_of_budget"]
     settled = -dict(settlement.postings)[accounts.escrow(ran_out)]
     assert settled == 1000  # micro-credits: the whole budget, nothing refunded
     detail = net.alice.job(ran_out)
@@ -343,3 +344,25 @@ def _signal_dispositions(pid: int) -> dict[str, str]:
         for k, _, v in (line.partition(":") for line in lines)
         if k in ("SigIgn", "SigBlk", "SigCgt")
     }
+
+
+def test_submit_warns_of_a_budget_short_of_the_quotes_low_end_and_refuses_one_short_of_a_first_round(
+    net, tmp_path
+):
+    write_corpus(tmp_path / "data", files=1, lines=250)
+    spec = small_job(tmp_path / "data", workers=1, rounds=4).model_copy(update={"max_price_per_hour": 40.0})
+    low = net.alice.quote(spec).cost_low  # its budget of 1 covers it: not capped
+
+    def submit(budget: float) -> subprocess.CompletedProcess:
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump({**spec.model_dump(mode="json"), "budget": budget}))
+        return net.gpuflex("submit", str(tmp_path / "job.yaml"), columns=200)
+
+    refused = submit(low / 8)  # half its first round, at the quote's quickest
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "of this job's nodes, not its first round (≈ " in refused.stderr, refused.stderr
+    assert "submitted" not in refused.stdout
+    warned = submit(low / 2)
+    assert warned.returncode == 0, warned.stderr
+    said = " ".join(warned.stdout.split())
+    assert "before the job can end" in said and "it would end out_of_budget" in said, said
+    net.alice.cancel(said.split()[2])  # left waiting, the next test's nodes would take it

@@ -4,6 +4,7 @@ scaled, stopped with a refund, ended by their budget, seen only by their owner; 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from pydantic import ValidationError
@@ -23,7 +24,7 @@ from gpuflex.protocol import messages as m
 from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage.bundles import bundle_directory
-from gpuflex.testing import check_invariants, save_llama
+from gpuflex.testing import check_invariants, save_llama, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +79,34 @@ def test_a_deployment_is_escrowed_placed_leased_as_servers_and_only_its_owner_se
     assert all(g is not None and g.role == "server" for g in grants)
     assert isinstance(grants[0].task, m.ServerConfig) and grants[0].task.model == model
     assert sorted(g.task.replica for g in grants) == [0, 1]
-    shown = alice.deployment(created.id[:4])
-    assert (shown.state, shown.live_replicas) == ("running", 2)
+    first, second = sorted(grants, key=lambda g: g.task.replica)
+    shown = alice.deployment(created.id[:4])  # leased is not live: a replica answers once it polls
+    assert (shown.state, shown.live_replicas) == ("starting", 0)
+    assert shown.reason == "replica 0 starting on its node; replica 1 starting on its node"
+    coordinator.task(first).relay_phase("loading")
+    coordinator.task(second).relay_phase("downloading")
+    said = alice.deployment(created.id)
+    assert (said.state, said.reason) == (
+        "starting",
+        "replica 0 loading the model; replica 1 downloading the model",
+    )
+    coordinator.task(first).relay_poll(0)  # its model loaded, it polls: it answers
+    shown = alice.deployment(created.id)
+    assert (shown.state, shown.live_replicas, shown.reason) == (
+        "running",
+        1,
+        "replica 1 downloading the model",
+    )
+    coordinator.task(second).relay_poll(0)
+    coordinator.task(second).relay_poll(0)
+    assert (alice.deployment(created.id).live_replicas, alice.deployments()[0].reason) == (2, "")
+    logged = [e.message for e in alice.deployment_logs(created.id) if e.message.startswith("[server")]
+    assert [line.split("] ")[1].split(",")[0] for line in logged] == [
+        "loading the model",
+        "downloading the model",
+        "ready: answers requests",
+        "ready: answers requests",  # once a replica, however often it polls
+    ]
     assert [d.id for d in alice.deployments()] == [created.id]
     assert alice.jobs() == []  # a deployment is not a training job
     assert bob.deployments() == []
@@ -102,7 +129,7 @@ def test_scaling_places_new_replicas_and_cancels_the_newest_and_stop_refunds_the
     for i, grant in leased.items():
         assert nodes[i].heartbeat(held(grant)).revoked == []
     scaled = alice.scale(d.id, 1)
-    assert (scaled.replicas, scaled.live_replicas) == (1, 1)
+    assert (scaled.replicas, scaled.live_replicas) == (1, 0)  # none polled the relay: none answers
     revoked = {g.task.replica: nodes[i].heartbeat(held(g)).revoked for i, g in leased.items()}
     cancelled = {g.task.replica: [g.lease_id] for g in leased.values() if g.task.replica > 0}
     assert revoked == {0: [], **cancelled}
@@ -142,9 +169,37 @@ def test_a_lost_replica_is_placed_again_and_an_empty_budget_ends_the_deployment(
     other.heartbeat(held(again))
     reap_once(coordinator.ctx)
     ended = alice.deployment(d.id)
-    assert (ended.state, ended.reason, ended.spent) == ("completed", "budget spent", 0.004)
+    assert (ended.state, ended.reason, ended.spent) == ("out_of_budget", "budget spent", 0.004)
     assert alice.balance().balance == pytest.approx(4.996)
     assert check_invariants(coordinator.ctx.settings.database_url) == []
+
+
+def test_a_deployment_is_taken_by_its_name_wherever_its_id_is_and_chat_checks_it_before_a_prompt(
+    coordinator, model_dir
+):
+    alice = coordinator.consumer("alice", deposit=5)
+    model = upload_served_model(alice, model_dir)
+    old = alice.deploy(spec(model, name="smol-tuned"))
+    assert alice.deployment("smol-tuned").id == old.id
+    assert alice.scale("smol-tuned", 2).replicas == 2
+    assert alice.create_key("smol-tuned").deployment_id == old.id
+    assert any("scaled from 1 to 2" in e.message for e in alice.deployment_logs("smol-tuned"))
+    new = alice.deploy(spec(model, name="smol-tuned"))
+    with pytest.raises(Conflict, match=f"deployment name smol-tuned is ambiguous: {old.id}, {new.id} are"):
+        alice.deployment("smol-tuned")
+    assert alice.stop_deployment(old.id).state == "cancelled"
+    assert alice.deployment("smol-tuned").id == new.id  # the one still open
+    assert alice.stop_deployment("smol-tuned").id == new.id
+    with pytest.raises(Conflict, match="is ambiguous"):  # both ended: neither goes first
+        alice.deployment("smol-tuned")
+    with pytest.raises(NotFound):
+        coordinator.consumer("bob").deployment("smol-tuned")
+
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    who = ["--url", coordinator.url, "--token", token]
+    chat = CliRunner().invoke(app, ["chat", "NOSUCH", *who], input="hello\n\n")
+    assert isinstance(chat.exception, BadRequest) and "no deployment NOSUCH" in chat.exception.message
+    assert "you>" not in chat.output  # refused before the first prompt
 
 
 def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refused(coordinator, model_dir):
@@ -182,6 +237,35 @@ def test_a_model_not_stored_a_job_without_checkpoint_and_a_poor_wallet_are_refus
     assert alice.deployments()[-1].name == "h"  # the job's name, not the prefix it was given by
 
 
+def test_deploy_wait_returns_once_a_replica_answers_and_fails_when_the_deployment_ends_first(
+    coordinator, model_dir
+):
+    alice = coordinator.consumer("alice", deposit=5)
+    node = coordinator.node("n0", price=0.2)
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    deploy = ["deploy", "--model", str(model_dir), "--wait", "--budget", "1"]
+    deploy += ["--url", coordinator.url, "--token", token]
+    with ThreadPoolExecutor(1) as pool:
+        deploying = pool.submit(CliRunner().invoke, app, deploy)
+        replica = coordinator.task(wait_for(node.lease, 60, "the replica to be leased"))
+        replica.relay_phase("loading")
+        time.sleep(2)  # --wait looks every 0.5 s: it sees the replica load, and waits on
+        assert not deploying.done()
+        replica.relay_poll(0)
+        deployed = deploying.result(timeout=30)
+    assert deployed.exit_code == 0, deployed.output
+    assert "starting: replica 0 loading the model" in deployed.output
+    assert deployed.output.rstrip().endswith("answers: 1 of 1 replicas live"), deployed.output
+
+    with ThreadPoolExecutor(1) as pool:  # n0 serves the first: this one waits for a node
+        waiting = pool.submit(CliRunner().invoke, app, [*deploy, "--name", "never"])
+        named = wait_for(lambda: [d for d in alice.deployments() if d.name == "never"], 30, "the deployment")
+        alice.stop_deployment(named[0].id)
+        ended = waiting.result(timeout=30)
+    assert isinstance(ended.exception, BadRequest), ended.output
+    assert "ended before a replica answered: cancelled: stopped by alice" in ended.exception.message
+
+
 def test_the_deploy_clis_dtype_reaches_the_spec(coordinator, model_dir):
     alice = coordinator.consumer("alice", deposit=5)
     token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
@@ -210,6 +294,30 @@ def test_a_deployment_no_online_gpu_can_hold_is_refused_before_its_model_is_uplo
     assert alice.deployments() == []
     files = bundle_directory(model_dir, coordinator.ctx.settings.max_blob_bytes)[0].digests()
     assert set(alice.missing_blobs(files).keys) == set(files)  # none of its files was uploaded
+
+
+def test_deploy_refuses_a_budget_short_of_a_minute_of_its_replicas_and_warns_of_one_short_of_an_hour(
+    coordinator, model_dir
+):
+    coordinator.node("n0", price=0.2)
+    coordinator.node("pricey", price=0.9)  # asks more than --max-price: not one it may take
+    alice = coordinator.consumer("alice", deposit=5)
+    token = alice.http._http.headers["Authorization"].removeprefix("Bearer ")
+    deploy = ["deploy", "--model", str(model_dir), "--max-price", "0.5"]
+    deploy += ["--url", coordinator.url, "--token", token]
+    refused = CliRunner().invoke(app, [*deploy, "--budget", "0.0001"])
+    assert isinstance(refused.exception, BadRequest), refused.output
+    assert refused.exception.message == (
+        "a budget of 0.0001 credits pays ≈ 2 s of 1 replicas at the cheapest online prices, 0.20 credits/h, "
+        "not their first minute: give --budget 0.003334 or more"
+    )
+    assert alice.deployments() == []
+    files = bundle_directory(model_dir, coordinator.ctx.settings.max_blob_bytes)[0].digests()
+    assert set(alice.missing_blobs(files).keys) == set(files)  # refused before anything was uploaded
+    warned = CliRunner().invoke(app, [*deploy, "--budget", "0.01"])
+    assert warned.exit_code == 0, warned.output
+    said = " ".join(warned.output.split())
+    assert "the budget lasts ≈ 3 min of 1 replicas at the cheapest online prices, 0.20 credits/h" in said
 
 
 def _serve(coordinator, key_id: str, prompt_tokens: int, completion_tokens: int) -> None:

@@ -322,7 +322,7 @@ def test_a_job_that_spends_its_budget_is_stopped(coordinator):
     pricey.heartbeat([m.LeaseHeld(lease_id=grant.lease_id, epoch=grant.epoch)])
     reap_once(coordinator.ctx)
     final = alice.job(job.id)
-    assert final.state == "failed" and final.reason == "budget spent"
+    assert final.state == "out_of_budget" and final.reason == "budget spent"
     assert verify_chain(from_export(alice.ledger())).ok
     assert alice.balance().balance == pytest.approx(10 - final.spent)
     assert final.spent == pytest.approx(0.0002)  # charged the whole budget, not the overshoot

@@ -1,6 +1,7 @@
 """A model deployed on a real network and used through the coordinator's OpenAI gateway: `gpuflex deploy
---model DIR` uploads a saved llama, a community agent leases its replica, loads it from its cache and holds
-the relay open from its side; the official `openai` client then chats (streamed and not) and completes
+--model DIR --wait` uploads a saved llama, a community agent leases its replica, loads it from its cache and
+holds the relay open from its side, and `--wait` returns once it does (its log says it loaded, and when it
+became ready); the official `openai` client then chats at once (streamed and not) and completes
 with a deployment key, whose usage `deployment show` counts; a wrong key, another deployment's key, an
 unknown model and a prompt past the context are each an OpenAI error object, and none is counted; the
 owner's `gpuflex chat` counts on its account-token row; a key held by another account at a price per
@@ -67,12 +68,14 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
         # both online before it is placed: on c0 (cheaper), as a core node's requests are not audited
         wait_for(lambda: sum(o.state == "online" for o in client.offers()) == 2, 60, "the agents to register")
         who = ["--url", url, "--token", client_token(client)]
-        args = ["--max-price", "0.5", "--budget", "1", "--audit-rate", "1"]
+        args = ["--max-price", "0.5", "--budget", "1", "--audit-rate", "1", "--wait"]
         out = _cli("deploy", "--model", str(model_dir), *args, *who)
         deployment = re.search(r"deployed (d-[0-9a-f]+)", out)[1]
+        assert f"deployment {deployment} answers: 1 of 1 replicas live" in out  # no request before it
+        logged = _cli("deployment", "logs", deployment, *who)
+        assert "loading the model" in logged and "ready: answers requests" in logged, logged
         key = re.search(r"gfxkey_[\w-]+", _cli("deployment", "key", "create", deployment, *who))[0]
         gateway = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
-        wait_for(lambda: _served(gateway, deployment), 120, "the replica to serve")
 
         said = gateway.chat.completions.create(model=deployment, messages=CHAT, max_tokens=6, temperature=0)
         assert said.choices[0].finish_reason in ("stop", "length") and said.usage.completion_tokens >= 1
@@ -134,9 +137,9 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
 
         shown = client.deployment(deployment)
         served = [(k.holder, k.account_token, k.requests, k.completion_tokens > 0) for k in shown.keys]
-        assert served == [  # the key: 3 + the probe; the account token: one chat turn
+        assert served == [  # the key: 3; the account token: one chat turn
             ("it", True, 1, True),
-            ("it", False, 4, True),
+            ("it", False, 3, True),
             ("payer", False, 1, True),
             ("broke", False, 0, False),
         ]
@@ -147,7 +150,7 @@ def test_a_deployed_model_answers_openai_clients_through_the_gateway(tmp_path):
             for s in family.samples
         }
         label = (("deployment", shown.id),)
-        # every request served, on a key or the account token, once (a probe before the replica served is not)
+        # every request served, on a key or the account token, once
         served_total = sum(k.requests for k in shown.keys)
         assert metrics[("gpuflex_deployment_requests_total", label)] == served_total
         assert metrics[("gpuflex_deployment_request_duration_seconds_count", label)] == served_total

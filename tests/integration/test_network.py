@@ -11,6 +11,7 @@ import sys
 import pytest
 import yaml
 
+from gpuflex.cli.watch import TERMINAL
 from gpuflex.client import Client
 from gpuflex.ledger import accounts
 from gpuflex.ledger.export import from_export
@@ -22,7 +23,6 @@ from gpuflex.testing import check_invariants, small_job, wait_for, write_corpus
 pytestmark = pytest.mark.integration
 
 FAST_LIVENESS = {"GPUFLEX_HEARTBEAT_INTERVAL_S": "1", "GPUFLEX_LEASE_TTL_S": "8"}
-TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _start(net: LocalNetwork, community: int) -> Client:

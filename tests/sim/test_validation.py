@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy import func, select
 
 from gpuflex.cli.jobs import upload_inputs
+from gpuflex.cli.watch import TERMINAL
 from gpuflex.client import Client
 from gpuflex.coordinator.db import Lease, make_engine, make_sessionmaker
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork
@@ -61,9 +62,7 @@ def _real_run(tmp_path) -> tuple[str, int]:
             names = {o.node_id: o.name for o in client.offers()}
             held = [t for t in client.job(job_id).tasks if t.role == role and t.state == "leased"]
             net.kill_agent(sorted(names[t.node_id] for t in held)[0])
-        job = wait_for(
-            lambda: (j := client.job(job_id)).state in ("completed", "failed") and j, 300, "the end"
-        )
+        job = wait_for(lambda: (j := client.job(job_id)).state in TERMINAL and j, 300, "the end")
         assert check_invariants(net.database) == []
         return job.state, _reassignments(net.database, job_id)
 

@@ -271,7 +271,8 @@ def test_the_deployments_page_shows_replicas_nodes_traffic_spend_and_verdicts_to
     model = upload_served_model(alice, save_llama(tmp_path / "m", ["alpha beta. " * 20]))
     body = {"name": "web-chat", "model": model.model_dump(exclude_none=True), "replicas": 2, "budget": 1}
     d = alice.deploy(DeploymentSpec.model_validate({**body, "max_price_per_hour": 0.5}))
-    assert web.node("box-0", price=0.1).lease() is not None  # one replica runs; one node takes one replica
+    grant = web.node("box-0", price=0.1).lease()  # one replica runs; one node takes one replica
+    web.task(grant).relay_poll(0)  # its model loaded: it answers
 
     html = web.sign_in(alice_token).get("/dashboard/deployments").text
     assert 'href="/dashboard/deployments" class="active"' in html  # linked from the nav

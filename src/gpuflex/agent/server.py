@@ -4,6 +4,9 @@ the coordinator's gateway (``protocol.relay``), held open from this side (a prov
     with served_directory(config.model, fetch, cache) as directory:   # through the node's cache
         Replica(LocalBackend(Engine(...), ...), sender).serve(poller, should_stop)
 
+It tells the coordinator what it does until it serves (downloading, loading the model); its first poll of
+the relay makes it live: a deployment answers only once a replica polls.
+
 The poll thread long-polls for work and starts each request on the engine (``LocalBackend.submit``:
 encoded here, checked against the context, refused with an ``error`` event); a thread per request streams
 its events into one outbox; the sender thread posts what the outbox holds. A post costs both ends far more
@@ -55,7 +58,9 @@ def run_server(
 ) -> str:
     """Serve the deployment's model until told to stop; ``poller`` and ``sender`` are two connections
     with the task's token (a poll waiting must not hold up the events)."""
+    poller.relay_phase("downloading")  # the replica is live only from its first poll, once it answers
     with served_directory(config.model, poller.get_blob, cache) as directory:
+        poller.relay_phase("loading")
         model = ServedModel.load(directory, dtype=config.dtype)
         if config.adversary is not None:  # testing only: a cheating provider (``cheats.SERVING``)
             log.warning("TESTING ONLY: replica %d plays adversary %r", config.replica, config.adversary)

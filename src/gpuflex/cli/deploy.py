@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -12,8 +13,9 @@ from rich.console import Console
 
 from gpuflex.cli.jobs import print_events, upload_model, verdict_table
 from gpuflex.cli.options import Dtype, Token, Url
-from gpuflex.cli.output import Json, credits, print_json, settled, table
+from gpuflex.cli.output import Json, at_least, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client, resolve
+from gpuflex.cli.watch import TERMINAL
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.market.memory import serve_vram_estimate_gb, serve_ways_to_fit
@@ -26,7 +28,7 @@ key_app = typer.Typer(help="API keys scoped to one deployment.", no_args_is_help
 deployment_app.add_typer(key_app, name="key")
 console = Console()
 DeploymentId = Annotated[
-    str, typer.Argument(help="deployment id as `gpuflex deployments` lists it, or any unique prefix of it")
+    str, typer.Argument(help="deployment name or id as `gpuflex deployments` lists them, or an id's prefix")
 ]
 
 
@@ -83,6 +85,27 @@ def _check_fits(client: Client, size: ModelSize | None, context: int, max_batch:
     )
 
 
+def _check_budget(client: Client, replicas: int, max_price: float, budget: float) -> None:
+    """Refuse a budget that cannot pay the first minute of the replicas on the cheapest online nodes they
+    may take (it would end out of budget while the model loads, having served nothing), and warn of one
+    that lasts under an hour; with no such node online it waits, spending nothing."""
+    online = [
+        o.price_per_hour for o in client.offers() if o.state == "online" and o.price_per_hour <= max_price
+    ]
+    per_hour = sum(sorted(online)[:replicas])
+    if not per_hour:
+        return
+    lasts_s = budget / per_hour * 3600
+    at = f"{min(replicas, len(online))} replicas at the cheapest online prices, {credits(per_hour)} credits/h"
+    if lasts_s < 60:
+        raise BadRequest(
+            f"a budget of {credits(budget)} credits pays ≈ {lasts_s:.0f} s of {at}, not their first minute: "
+            f"give --budget {at_least(per_hour / 60)} or more"
+        )
+    if lasts_s < 3600:
+        console.print(f"the budget lasts ≈ {lasts_s / 60:.0f} min of {at}", style="yellow", highlight=False)
+
+
 def deploy(
     job_id: Annotated[
         str | None, typer.Argument(help="serve this training job's newest checkpoint (id or prefix)")
@@ -109,14 +132,19 @@ def deploy(
         ),
     ] = DeploymentSpec.model_fields["audit_rate"].default,
     dtype: Dtype = DeploymentSpec.model_fields["dtype"].default,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="return once a replica answers (exit 1 if it ends before)")
+    ] = False,
     url: Url = None,
     token: Token = None,
 ) -> None:
     """Serve a model on the network: a training job's checkpoint, or a model directory (--model). The
-    budget moves into escrow; providers are paid per second their replicas hold a lease."""
+    budget moves into escrow; providers are paid per second their replicas hold a lease. It is
+    `starting` until a replica has loaded the model and answers, then `running`."""
     if (job_id is None) == (model is None):
         raise BadRequest("name a job to serve, or give --model DIR: one of the two")
     client = consumer_client(url, token)
+    _check_budget(client, replicas, max_price, budget)  # before anything is uploaded
     max_batch = DeploymentSpec.model_fields["max_batch"].default
     if job_id is not None:  # named after the job, never after the prefix it was given by
         job = client.job(job_id)
@@ -145,6 +173,22 @@ def deploy(
         f"budget {credits(d.budget)} credits in escrow"
     )
     console.print(f"`gpuflex deployment show {d.id}` says where each replica runs, or why it waits")
+    if wait:
+        _wait_until_answering(client, d.id)
+
+
+def _wait_until_answering(client: Client, deployment_id: str, poll_s: float = 0.5) -> None:
+    """Until a replica of the deployment answers requests, saying what its replicas do meanwhile; an
+    error if it ends first. A script that waits on this can send requests at once."""
+    said = ""
+    while (d := client.deployment(deployment_id)).state not in TERMINAL and not d.live_replicas:
+        if (line := f"{d.state}: {d.reason}" if d.reason else d.state) != said:
+            console.print(line, highlight=False)
+            said = line
+        time.sleep(poll_s)
+    if not d.live_replicas:
+        raise BadRequest(f"deployment {d.id} ended before a replica answered: {d.state}: {d.reason}")
+    console.print(f"deployment {d.id} answers: {d.live_replicas} of {d.replicas} replicas live")
 
 
 def list_deployments(as_json: Json = False, url: Url = None, token: Token = None) -> None:
@@ -324,22 +368,23 @@ def chat(
         http_client=httpx.Client(verify=trusting(target.ca)),  # the coordinator's CA, as the CLI's own
     )
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
-    while True:
-        try:
-            line = console.input("[bold]you>[/] ")
-        except EOFError:
-            break
-        if not line.strip():
-            break
-        messages.append({"role": "user", "content": line})
-        answer = []
-        try:
+    try:
+        client.models.retrieve(deployment_id)  # one that is not there fails now, not after a first message
+        while True:
+            try:
+                line = console.input("[bold]you>[/] ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            messages.append({"role": "user", "content": line})
+            answer = []
             stream = client.chat.completions.create(model=deployment_id, messages=messages, stream=True)
             for chunk in stream:
                 if chunk.choices and (text := chunk.choices[0].delta.content):
                     answer.append(text)
                     console.print(text, end="", markup=False, highlight=False)
-        except OpenAIError as err:
-            raise BadRequest(f"the gateway refused: {err}") from None
-        console.print()
-        messages.append({"role": "assistant", "content": "".join(answer)})
+            console.print()
+            messages.append({"role": "assistant", "content": "".join(answer)})
+    except OpenAIError as err:
+        raise BadRequest(f"the gateway refused: {err}") from None

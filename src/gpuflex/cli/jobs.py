@@ -17,7 +17,7 @@ from rich.text import Text
 from gpuflex.cli import keys as data_keys
 from gpuflex.cli.data import upload_prepared
 from gpuflex.cli.options import Token, Url
-from gpuflex.cli.output import Json, credits, print_json, settled, table
+from gpuflex.cli.output import Json, at_least, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client
 from gpuflex.cli.report import cost_table, write_report
 from gpuflex.cli.watch import EXIT_CODES, TERMINAL, watch_job
@@ -136,12 +136,13 @@ def submit(
     data key made here and sealed to this machine's key (~/.gpuflex/sealing.key); the job's nodes get
     that key only while something here serves it: --watch does, or `gpuflex job keys JOB`.
 
-    With --watch, exit code: 0 completed, 3 failed, 4 cancelled, 130 stopped watching (Ctrl-C; the job
-    goes on)."""
+    With --watch, exit code: 0 completed, 3 failed, 4 cancelled, 5 out_of_budget, 130 stopped watching
+    (Ctrl-C; the job goes on)."""
     spec = load_job_spec(spec_file)
     client = consumer_client(url, token)
-    # before anything is uploaded or spent: what the job's first placement will find
-    unplaced = _unplaced(client, _sized(spec))
+    # before anything is uploaded or spent: what the job's first placement will find, what its budget buys
+    q = _quoted(client, _sized(spec))
+    unplaced, short = ([], None) if q is None else (_unplaced(q), _short_budget(q, spec.training.rounds))
     key = data_keys.new_job_key() if spec.privacy.encrypt else None
     spec = upload_model(client, spec, key)
     inputs = upload_inputs(client, spec, key.seal if key is not None else None)
@@ -149,6 +150,8 @@ def submit(
     console.print(
         f"submitted job [bold]{job.id}[/] ({job.name}); budget {credits(job.budget)} credits in escrow"
     )
+    if short:
+        console.print(short, style="yellow", highlight=False)
     if spec.privacy.dp is not None:  # what the coordinator found of the noise, once it knew the owners
         for event in client.logs(job.id):
             if event.message.startswith("privacy.dp: warning"):
@@ -167,13 +170,41 @@ def submit(
         _follow(client, job.id, consumer_client(url, token) if spec.privacy.encrypt else None)
 
 
-def _unplaced(client: Client, spec: JobSpec) -> list[str]:
-    """What the market could not place of ``spec`` now, from a quote (nothing spent): a headline, then
-    why, node by node; empty when it can place everything."""
+def _quoted(client: Client, spec: JobSpec) -> Quote | None:
+    """A quote of ``spec`` (nothing spent); None for a user recipe without round_seconds, which is not
+    quoted (`job show` tells its placement)."""
     try:
-        q = client.quote(spec)
-    except BadRequest:  # a user recipe without round_seconds is not quoted; `job show` tells placement
-        return []
+        return client.quote(spec)
+    except BadRequest:
+        return None
+
+
+def _short_budget(q: Quote, rounds: int) -> str | None:
+    """Refuse a budget that cannot pay the job's first round on the quoted nodes, even at the quote's
+    quickest (it could only end out of budget, having published nothing); a warning when it runs out
+    before the quote's quickest end."""
+    if q.budget_lasts_s is None or q.duration_low_s is None:  # it lasts, or the job cannot be placed now
+        return None
+    per_s = q.budget / q.budget_lasts_s  # what the quoted nodes cost together, credits a second
+    first_round_s = q.duration_low_s / rounds
+    if q.budget_lasts_s < first_round_s:
+        raise BadRequest(
+            f"a budget of {credits(q.budget)} credits pays ≈ {_duration(q.budget_lasts_s)} of this job's "
+            f"nodes, not its first round (≈ {_duration(first_round_s)} at the quickest): give a budget of "
+            f"{at_least(per_s * first_round_s)} credits or more (`gpuflex quote` says what the job costs)"
+        )
+    if q.budget_lasts_s >= q.duration_low_s:
+        return None
+    return (
+        f"the budget runs out after ≈ {_duration(q.budget_lasts_s)}, before the job can end (≈ "
+        f"{_duration(q.duration_low_s)} at the quickest): it would end out_of_budget; the quote's low end "
+        f"is {at_least(per_s * q.duration_low_s)} credits"
+    )
+
+
+def _unplaced(q: Quote) -> list[str]:
+    """What the market could not place of the job quoted ``q`` now: a headline, then why, node by node;
+    empty when it can place everything."""
     if q.too_big is not None and not q.placeable:
         raise BadRequest(f"no online node can hold this job's workers: {q.too_big}")
     if not q.placeable:
@@ -272,6 +303,8 @@ def _quote_nodes(q: Quote) -> Table:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 10:  # a budget that lasts a fraction of a round
+        return f"{seconds:.1f} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
@@ -475,7 +508,8 @@ def watch(job_id: JobId, url: Url = None, token: Token = None) -> None:
 
     An encrypted job's data key is served to its leased nodes meanwhile (as `job keys` does).
 
-    Exit code: 0 completed, 3 failed, 4 cancelled, 130 stopped watching (Ctrl-C; the job goes on)."""
+    Exit code: 0 completed, 3 failed, 4 cancelled, 5 out_of_budget, 130 stopped watching (Ctrl-C; the job
+    goes on)."""
     client = consumer_client(url, token)
     encrypted = client.job(job_id).spec.privacy.encrypt
     _follow(client, job_id, consumer_client(url, token) if encrypted else None)

@@ -4,6 +4,7 @@ for scripts (``--json`` on every listing command), and credits with the precisio
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from copy import copy
 from dataclasses import replace
@@ -16,7 +17,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from gpuflex.protocol.money import format_credits
+from gpuflex.protocol.money import MICRO, format_credits, to_credits
 
 Json = Annotated[bool, typer.Option("--json", help="print JSON (for scripts) instead of a table")]
 
@@ -148,6 +149,11 @@ def credits(amount: float) -> str:
     """An amount of credits with the precision it was given: 0.001 prints as 0.001 (not 0.00), 10 as
     10.00 (``protocol.money.format_credits``, which the dashboard prints budgets with too)."""
     return format_credits(amount)
+
+
+def at_least(amount: float) -> str:
+    """``amount`` rounded up to the micro-credit: the least budget to give that is enough."""
+    return credits(to_credits(math.ceil(amount * MICRO)))
 
 
 def settled(what: str, state: str, spent: float, budget: float) -> str:

@@ -13,10 +13,10 @@ from gpuflex.cli.output import credits
 from gpuflex.client import Client
 from gpuflex.protocol.messages import JobInfo
 
-TERMINAL = ("completed", "failed", "cancelled")
+TERMINAL = ("completed", "failed", "cancelled", "out_of_budget")
 # how `submit --watch` and `job watch` exit, so a script can tell how the job ended (README: "Use it");
 # Ctrl-C exits 130
-EXIT_CODES = {"completed": 0, "failed": 3, "cancelled": 4}
+EXIT_CODES = {"completed": 0, "failed": 3, "cancelled": 4, "out_of_budget": 5}
 
 
 def _loss(x: float | None) -> str:

@@ -10,7 +10,7 @@ import hashlib
 
 from gpuflex.client.http import HttpSession, get_blob
 from gpuflex.protocol import messages as m
-from gpuflex.protocol.relay import RelayEvent, RelayEvents, RelayWork
+from gpuflex.protocol.relay import RelayEvent, RelayEvents, RelayPhase, RelayWork, ReplicaPhase
 
 
 class TaskClient:
@@ -81,6 +81,10 @@ class TaskClient:
         """A deployment's replica: the requests to serve and cancel, waiting up to ``wait_s`` for some."""
         response = self.http.request("GET", "/v1/task/relay", params={"wait": wait_s})
         return RelayWork.model_validate(response.json())
+
+    def relay_phase(self, phase: ReplicaPhase) -> None:
+        """A deployment's replica, before its first poll: what it is doing (its deployment's view says it)."""
+        self.http.request("POST", "/v1/task/relay/phase", json=RelayPhase(phase=phase).model_dump())
 
     def relay_events(self, events: list[RelayEvent]) -> None:
         body = RelayEvents(events=events).model_dump(mode="json", exclude_defaults=True)

@@ -177,6 +177,9 @@ class Lease(Base):
     cost_micro: Mapped[int] = mapped_column(BigInteger, default=0)
     # an encrypted job's data key sealed to this lease's node by the consumer; None: not (yet)
     sealed_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # a deployment's replica: "" until it tells, downloading | loading (``protocol.relay.ReplicaPhase``),
+    # serving from its first poll of the relay (it answers requests)
+    phase: Mapped[str] = mapped_column(String(16), default="", server_default="")
 
 
 class Round(Base):

@@ -37,7 +37,11 @@ SealedKey = Annotated[
     str, Field(pattern=r"^[0-9a-f]{2,1024}$", description="a job's data key sealed to one X25519 key, hex")
 ]
 NodeKind = Literal["core", "community"]
-JobState = Literal["pending", "scheduled", "running", "completed", "failed", "cancelled"]
+# starting: a deployment whose replicas were leased, none of which answers yet (its model loads);
+# out_of_budget: ended because its budget was spent, whatever it had done by then
+JobState = Literal[
+    "pending", "scheduled", "starting", "running", "completed", "failed", "cancelled", "out_of_budget"
+]
 TrainingRole = Literal["aggregator", "worker"]
 TaskRole = Literal["aggregator", "worker", "server"]  # server: a deployment's replica
 # unplaced: the job ended before the task ever held a lease (it never ran; ``placement`` says why)
@@ -551,10 +555,12 @@ class DeploymentInfo(Message):
     created_at: datetime
     model: str = Field(description="what it serves: `job j-… (checkpoint …)`, or an uploaded directory")
     replicas: int = Field(description="replicas asked for now (`scale` changes it)")
-    live_replicas: int = Field(description="replicas holding a live lease")
+    live_replicas: int = Field(description="replicas that answer requests: leased, their model loaded")
     budget: float
     spent: float
-    reason: str = ""
+    reason: str = Field(
+        "", description="why it ended; while open, what its leased replicas that do not answer yet are doing"
+    )
     # served over the last minute, as the coordinator that answers saw it (None: nothing served)
     requests_per_s: float | None = None
     tokens_per_s: float | None = Field(None, description="output tokens per second")

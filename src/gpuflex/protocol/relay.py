@@ -3,7 +3,8 @@
 A provider never listens, so a replica (a ``server`` task, with its lease's task token) holds the line
 open from its side: it long-polls ``GET /v1/task/relay`` for ``RelayWork`` (requests to serve, requests
 to cancel), which answers as soon as there is some, and posts what its engine produces to
-``POST /v1/task/relay/events`` as ``RelayEvents``, batched while the previous post is in flight. Each
+``POST /v1/task/relay/events`` as ``RelayEvents``, batched while the previous post is in flight; before
+its first poll it says what it is doing (``RelayPhase``: downloading, loading the model). Each
 request gets ``started`` (the replica encoded it and it fits) or ``error`` first, then ``token`` events
 and one ``done`` with the completion, whose fingerprints are base64.
 """
@@ -20,6 +21,15 @@ MAX_RELAY_BATCH = 256  # requests or events in one message
 RequestId = Annotated[str, Field(min_length=1, max_length=64)]
 # a proof of 32 tokens (``serve.fingerprint``: at most 258 bytes), base64: what an audit keeps of it
 Fingerprint = Annotated[str, Field(max_length=344, description="base64 of at most 258 bytes")]
+
+
+# What a replica does before it serves, as it tells (``POST /v1/task/relay/phase``); its first poll makes
+# it ``serving``: only then is it live, and its deployment ``running``.
+ReplicaPhase = Literal["downloading", "loading"]
+
+
+class RelayPhase(Message):
+    phase: ReplicaPhase
 
 
 class RelayPrompt(Message):

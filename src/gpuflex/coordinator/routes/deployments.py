@@ -1,4 +1,5 @@
-"""Deployments, seen only by the account that created them; ``{deployment_id}`` may be a unique prefix."""
+"""Deployments, seen only by the account that created them; ``{deployment_id}`` may be its name or a
+unique prefix of its id (``deployments.owned``)."""
 
 import logging
 

@@ -3,14 +3,15 @@
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
+from starlette.concurrency import run_in_threadpool
 
 from gpuflex.auth.tokens import token_hash
 from gpuflex.coordinator.auth import Ctx, bearer, charge, task_token
 from gpuflex.coordinator.db import Lease, Task
 from gpuflex.coordinator.routes import errors
-from gpuflex.coordinator.services import leases
+from gpuflex.coordinator.services import deployments, leases
 from gpuflex.errors import Forbidden, Unauthorized
-from gpuflex.protocol.relay import RelayEvents, RelayWork
+from gpuflex.protocol.relay import RelayEvents, RelayPhase, RelayWork
 
 router = APIRouter(prefix="/task/relay", tags=["tasks"], responses=errors(404, 409))
 
@@ -32,12 +33,37 @@ def server_lease(request: Request, ctx: Ctx) -> Lease:
 ServerLease = Annotated[Lease, Depends(server_lease)]
 
 
+async def serving_lease(lease: ServerLease, ctx: Ctx) -> Lease:
+    """The polling replica's lease, live from its first poll on: a replica polls once its model is loaded
+    (``deployments.ready``, in the thread pool; later polls write nothing)."""
+    if lease.phase != deployments.SERVING:
+
+        def ready() -> None:
+            with ctx.tx() as s:
+                deployments.ready(s, lease, ctx.now())
+
+        await run_in_threadpool(ready)
+    return lease
+
+
+@router.post("/phase")
+def phase(body: RelayPhase, lease: ServerLease, ctx: Ctx) -> dict[str, str]:
+    """What the replica does before its first poll (downloading, loading the model): its deployment's
+    view says it, and its log when it began."""
+    with ctx.tx() as s:
+        deployments.report_phase(s, lease, body.phase, ctx.now())
+    return {"status": "recorded"}
+
+
 @router.get("")
 async def poll(
-    request: Request, lease: ServerLease, wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 20.0
+    request: Request,
+    lease: Annotated[Lease, Depends(serving_lease)],
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 20.0,
 ) -> RelayWork:
-    """The requests to serve and to cancel, as soon as there are some or after ``wait`` seconds. A poll
-    whose connection drops loses the replica: its requests move to another replica at once."""
+    """The requests to serve and to cancel, as soon as there are some or after ``wait`` seconds; the first
+    makes the replica live. A poll whose connection drops loses the replica: its requests move to another
+    replica at once."""
     token = bearer(request)
     assert token is not None, "the lease was authenticated by its token"
     return await request.app.state.relay.poll(lease.id, token_hash(token), wait, _dropped(request))

@@ -7,6 +7,10 @@ metering from escrow, settlement (``jobs.finish``) and verdicts (its inference a
 ``inference_audits``). It has no rounds and ends when its
 owner stops it (what is unspent goes back to the wallet) or its budget is spent (``jobs.enforce_limits``).
 ``scale`` adds replicas or cancels the newest; its spec's ``replicas`` stays what it was created with.
+A leased replica is not live until it answers: it tells what it does meanwhile (``report_phase``:
+downloading, loading the model) and its first poll of the relay, which it makes once its model is
+loaded, makes it live (``ready``); the deployment is ``starting`` from its first lease until then, and
+``running`` after.
 What it serves is counted per API key (``deployment_keys``), its owner's account token on a row of its own.
 """
 
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Account, InferenceAudit, Job, JobEvent, Lease, Task, new_id
@@ -25,12 +29,15 @@ from gpuflex.market.pricing import parameter_count
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.deployment import DeployedModel
 from gpuflex.protocol.money import to_credits, to_micro
+from gpuflex.protocol.relay import ReplicaPhase
 from gpuflex.protocol.spec import ModelSize
 from gpuflex.storage import BlobStore
 
 KIND = "deployment"
 ROLE = "server"
 LIVE_TASK_STATES = ("pending", "leased")  # a replica asked for: placed, waiting, or running
+SERVING = "serving"  # a lease's phase once its replica polls the relay: it answers requests
+DOING = {"": "starting on its node", "downloading": "downloading the model", "loading": "loading the model"}
 
 
 def create(session: Session, account: Account, msg: m.DeploymentCreate, blobs: BlobStore, now: float) -> Job:
@@ -100,9 +107,21 @@ def _add_replicas(session: Session, deployment: Job, indexes: range) -> None:
 
 
 def owned(session: Session, account: Account, deployment_id: str) -> Job:
-    """The deployment, if it is this account's, by its id or a unique prefix of it; anyone else's is as
-    unknown as a missing one."""
-    return ids.lookup(session, Job, deployment_id, *jobs.mine(account, KIND), what="deployment")
+    """The deployment, if it is this account's, by its name (as `deploy --name` gave it, and as the API's
+    ``model`` takes it), its id or a unique prefix of it; anyone else's is as unknown as a missing one. A
+    name several deployments share is an error listing their ids, unless only one of them is open."""
+    scope = jobs.mine(account, KIND)
+    named = list(
+        session.scalars(select(Job).where(*scope, Job.name == deployment_id).order_by(Job.created_at))
+    )
+    named = [d for d in named if d.state in OPEN_JOB_STATES] or named
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise Conflict(
+            f"deployment name {deployment_id} is ambiguous: {ids.listed(named)} are named so; give an id"
+        )
+    return ids.lookup(session, Job, deployment_id, *scope, what="deployment")
 
 
 def list_for(session: Session, account: Account) -> list[Job]:
@@ -122,7 +141,9 @@ def servable(session: Session, account_id: str, name: str) -> Job:
 def live_replicas(session: Session, deployment_id: str) -> set[str]:
     """The leases of the deployment's replicas that are live now: only they are handed requests (a
     replica scaled away or lost may still be polling until its agent stops it)."""
-    query = select(Lease.id).where(Lease.job_id == deployment_id, Lease.state == "active")
+    query = select(Lease.id).where(
+        Lease.job_id == deployment_id, Lease.state == "active", Lease.phase == SERVING
+    )
     return set(session.scalars(query))
 
 
@@ -173,11 +194,36 @@ def stop(session: Session, account: Account, deployment_id: str, now: float, *, 
     return deployment
 
 
+def report_phase(session: Session, lease: Lease, phase: ReplicaPhase, now: float) -> None:
+    """What a leased replica does before it answers, for its deployment's view and, once, its log."""
+    told = update(Lease).where(Lease.id == lease.id, Lease.phase.not_in((phase, SERVING))).values(phase=phase)
+    if session.execute(told).rowcount:
+        jobs.log_from_task(session, lease, DOING[phase], now)
+
+
+def ready(session: Session, lease: Lease, now: float) -> None:
+    """A replica's first poll of the relay: its model is loaded and it answers from now on, so it is live
+    and its deployment runs. Once, whichever coordinator process it polls first."""
+    serving = update(Lease).where(Lease.id == lease.id, Lease.phase != SERVING).values(phase=SERVING)
+    if not session.execute(serving).rowcount:
+        return
+    session.execute(
+        update(Job).where(Job.id == lease.job_id, Job.state == "starting").values(state="running")
+    )
+    jobs.log_from_task(
+        session, lease, f"ready: answers requests, {now - lease.granted_at:.1f} s after its lease", now
+    )
+
+
 def info(session: Session, deployment: Job, now: float) -> m.DeploymentInfo:
     spec = specs.deployment(deployment)
-    live = session.scalar(
-        select(func.count(Lease.id)).where(Lease.job_id == deployment.id, Lease.state == "active")
-    )
+    leased = session.execute(
+        select(Task.index, Lease.phase)
+        .join(Task, Task.id == Lease.task_id)
+        .where(Lease.job_id == deployment.id, Lease.state == "active")
+        .order_by(Task.index)
+    ).all()
+    doing = "; ".join(f"replica {index} {DOING[phase]}" for index, phase in leased if phase != SERVING)
     asked = session.scalar(
         select(func.count(Task.id)).where(Task.job_id == deployment.id, Task.state.in_(LIVE_TASK_STATES))
     )
@@ -188,10 +234,10 @@ def info(session: Session, deployment: Job, now: float) -> m.DeploymentInfo:
         created_at=deployment.created_at,
         model=_describe(spec.model),
         replicas=asked or 0,
-        live_replicas=live or 0,
+        live_replicas=sum(phase == SERVING for _, phase in leased),
         budget=to_credits(deployment.budget_micro),
         spent=to_credits(jobs.spent(session, deployment, now)),
-        reason=deployment.reason,
+        reason=deployment.reason or doing,  # why it ended; while open, what its replicas do
     )
 
 

@@ -8,6 +8,7 @@ jobs), so it never tells anyone that someone else's id exists. A prefix that fit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, select
@@ -44,5 +45,9 @@ def lookup(
         return matches[0]
     if not matches:
         raise NotFound(f"no {what} {given}")
-    listed = ", ".join(r.id for r in matches[:LISTED]) + (", …" if len(matches) > LISTED else "")
-    raise Conflict(f"{what} id {given} is ambiguous: {listed} begin with it; give more of it")
+    raise Conflict(f"{what} id {given} is ambiguous: {listed(matches)} begin with it; give more of it")
+
+
+def listed(rows: Sequence[Any]) -> str:
+    """The ids of ``rows`` for an error, the first ``LISTED`` of them."""
+    return ", ".join(r.id for r in rows[:LISTED]) + (", …" if len(rows) > LISTED else "")

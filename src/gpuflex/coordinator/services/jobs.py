@@ -1,8 +1,9 @@
 """Jobs: submission with escrow, the state machine, views for their owner, and settlement.
 
-``pending -> scheduled -> running -> completed | failed | cancelled``. A job ends exactly once:
-the state change, the closing of its leases and the settlement entry (payouts, platform fee,
-refund) are one transaction, so a crash can't pay twice or leave money in escrow.
+``pending -> scheduled -> running -> completed | failed | cancelled | out_of_budget`` (its budget spent,
+whatever it had done). A job ends exactly once: the state change, the closing of its leases and the
+settlement entry (payouts, platform fee, refund) are one transaction, so a crash can't pay twice or leave
+money in escrow.
 """
 
 from __future__ import annotations
@@ -266,9 +267,7 @@ def enforce_limits(session: Session, now: float, *, fee_bps: int) -> None:
         elif job.id in keyless:
             finish(session, job, "failed", keyless[job.id], now, fee_bps=fee_bps)
         elif costs[job.id] >= job.budget_micro:
-            # a deployment has served while it ran; a training job that published no round has nothing
-            state = "completed" if job.round > 0 or job.kind == "deployment" else "failed"
-            finish(session, job, state, "budget spent", now, fee_bps=fee_bps)
+            finish(session, job, "out_of_budget", "budget spent", now, fee_bps=fee_bps)
 
 
 def info(session: Session, job: Job, now: float) -> m.JobInfo:

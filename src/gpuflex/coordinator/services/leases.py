@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from sqlalchemy import Row, bindparam, exists, insert, select, tuple_, update
+from sqlalchemy import Row, bindparam, case, exists, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuflex.auth.tokens import new_task_token, token_hash
@@ -140,7 +140,7 @@ def _claim(session: Session, tasks: Sequence[Row]) -> dict[str, int]:
 
 def _start_jobs(session: Session, tasks: Iterable[Row]) -> dict[str, specs.Spec]:
     """The specs of the jobs of the tasks being leased (read only for a job this process has not seen);
-    each job now runs."""
+    each job now runs, a deployment starts (it runs once a replica answers: ``deployments.ready``)."""
     states = {task.job_id: task.job_state for task in tasks}
     if starting := sorted(job for job, state in states.items() if state in ("pending", "scheduled")):
         session.execute(_RUN, {"jobs": starting})
@@ -150,7 +150,11 @@ def _start_jobs(session: Session, tasks: Iterable[Row]) -> dict[str, specs.Spec]
     return found
 
 
-_RUN = update(Job).where(Job.id.in_(bindparam("jobs", expanding=True))).values(state="running")
+_RUN = (
+    update(Job)
+    .where(Job.id.in_(bindparam("jobs", expanding=True)))
+    .values(state=case((Job.kind == "deployment", "starting"), else_="running"))
+)
 _SPECS = select(Job.id, Job.spec, Job.kind).where(Job.id.in_(bindparam("jobs", expanding=True)))
 
 

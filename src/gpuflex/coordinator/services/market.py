@@ -37,7 +37,7 @@ from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.protocol.spec import JobSpec
 
-OPEN_JOB_STATES = ("pending", "scheduled", "running")
+OPEN_JOB_STATES = ("pending", "scheduled", "starting", "running")
 _PLACEMENT_LOCK_KEY = 0x6770_6C63  # "gplc"
 
 

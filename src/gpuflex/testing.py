@@ -52,13 +52,18 @@ T = TypeVar("T")
 
 
 class Clock:
-    """Real time plus an offset a test can advance (signed requests stay within the allowed skew)."""
+    """Real time plus an offset a test can advance (signed requests stay within the allowed skew); frozen,
+    it stands still but for ``advance``, for a test whose margins a loaded machine's seconds would eat."""
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.frozen_at: float | None = None
 
     def __call__(self) -> float:
-        return time.time() + self.offset
+        return (time.time() if self.frozen_at is None else self.frozen_at) + self.offset
+
+    def freeze(self) -> None:
+        self.frozen_at = time.time()
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds

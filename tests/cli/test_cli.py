@@ -109,6 +109,18 @@ def test_a_missing_model_directory_is_named_by_its_option(tmp_path, command, say
     assert result.exception.message == says.format(dir=typo) + "no such directory"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["deploy", "--model", "{dir}", "--token", "gfx_x", "--url", "http://127.0.0.1:9"], ["serve", "{dir}"]],
+)
+def test_a_directory_that_is_no_model_says_what_to_give(tmp_path, command):
+    empty = tmp_path / "notes"
+    empty.mkdir()
+    result = CliRunner().invoke(app, [a.format(dir=empty) for a in command])
+    assert result.exit_code == 1
+    assert result.exception.message.startswith(f"{empty} holds no config.json: give a save_pretrained")
+
+
 def test_an_unreachable_coordinator_is_one_line(tmp_path):
     result = _gpuflex("jobs", "--token", "gfx_x", "--url", "http://127.0.0.1:9")
     assert result.returncode == 1

@@ -134,6 +134,7 @@ def test_a_passed_fee_change_applies_to_settlements_from_its_effective_time(coor
 
 
 def test_governed_heartbeat_rules_reach_agents_and_judge_liveness(coordinator):
+    coordinator.clock.freeze()  # effective 1 s after voting closes: a loaded machine's seconds must not pass
     alice = coordinator.consumer("alice")
     nodes = _staked_nodes(coordinator, a=10)
     other = coordinator.node("other")

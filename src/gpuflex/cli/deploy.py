@@ -55,11 +55,17 @@ def _size(directory: Path) -> ModelSize:
     return size
 
 
+def _check_directory(model: Path) -> None:
+    if not model.is_dir():
+        raise BadRequest(f"--model {model}: no such directory")
+    from gpuflex.train.export import is_adapter  # torch: only when a directory is deployed
+
+    is_adapter(model)
+
+
 def _upload(client: Client, model: Path, context: int, max_batch: int, dtype: str) -> DeployedModel:
     """``--model DIR`` checked, sized and uploaded (a LoRA adapter merged into its base first); refused
     before anything is uploaded when no online node could hold a replica."""
-    if not model.is_dir():
-        raise BadRequest(f"--model {model}: no such directory")
     from gpuflex.train.export import whole_model  # torch and transformers: only when a directory is deployed
 
     with whole_model(model) as directory:
@@ -143,6 +149,8 @@ def deploy(
     `starting` until a replica has loaded the model and answers, then `running`."""
     if (job_id is None) == (model is None):
         raise BadRequest("name a job to serve, or give --model DIR: one of the two")
+    if model is not None:  # what the user typed is checked before the network
+        _check_directory(model)
     client = consumer_client(url, token)
     _check_budget(client, replicas, max_price, budget)  # before anything is uploaded
     max_batch = DeploymentSpec.model_fields["max_batch"].default

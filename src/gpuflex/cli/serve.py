@@ -78,11 +78,6 @@ def create_app(directory: Path, name: str, api_key: str | None, max_batch: int, 
         raise BadRequest(f"{directory}: no such directory")
     transformers.logging.disable_progress_bar()  # one line says it is loading; a bar per file adds nothing
     with whole_model(directory) as root:
-        if not (root / "config.json").is_file():
-            raise BadRequest(
-                f"{directory} holds no config.json: give a save_pretrained model directory or a LoRA "
-                "adapter (gpuflex job fetch JOB --format hf -o DIR)"
-            )
         try:
             engine = Engine(ServedModel.load(root, dtype=dtype), max_batch=max_batch)
         except (OSError, ValueError) as err:

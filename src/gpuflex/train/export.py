@@ -60,15 +60,28 @@ def export_hf(
     return _save(model, base, out, cast=merge or training.lora is None)  # an adapter stays as peft writes it
 
 
+def is_adapter(directory: Path) -> bool:
+    """Whether ``directory`` is a LoRA adapter (else a whole model); neither is one line saying what to give,
+    told before anything is read, merged or sent."""
+    if (directory / ADAPTER_CONFIG).is_file():
+        return True
+    if not (directory / CONFIG).is_file():
+        raise BadRequest(
+            f"{directory} holds no {CONFIG}: give a save_pretrained model directory or a LoRA adapter "
+            "(gpuflex job fetch JOB --format hf -o DIR)"
+        )
+    return False
+
+
 @contextmanager
 def whole_model(directory: Path) -> Iterator[Path]:
     """``directory`` as a whole model directory for the ``with`` block: itself, or, for a LoRA adapter
     (``adapter_config.json``), the adapter merged into the base directory it names, written to a temporary
     directory of the same name. A base not on this machine is one line naming what works instead."""
-    config = directory / ADAPTER_CONFIG
-    if not config.is_file():
+    if not is_adapter(directory):
         yield directory
         return
+    config = directory / ADAPTER_CONFIG
     named = json.loads(config.read_text()).get("base_model_name_or_path")
     base = Path(named).expanduser() if named else None
     if base is None or not (base / CONFIG).is_file():

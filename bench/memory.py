@@ -415,7 +415,7 @@ def _worker(case: Case, model_dir: str, device: str) -> dict:
         replay_s = time.perf_counter() - began
         answering.end()
     steps = case.rounds * case.inner_steps
-    per_boundary = _state_bytes(last.trace.kept[segments]) if segments in last.trace.kept else None
+    per_boundary = _state_bytes(last.trace.kept[0])  # the round's start: a boundary's tensors, always kept
     return {
         "peak": meter.window,
         "rss": rss,
@@ -597,19 +597,28 @@ def _trace(results: list[dict]) -> dict:
     out = {}
     for r in results:
         t = r["trace"]
-        segments = t["segments"]
-        every_boundary = (t["boundary_bytes"] or 0) * (segments + 1)
-        # a drawn segment k of S is re-derived from the kept boundary before it: on average (S - 1) / 2 + 1
-        # segments of the round when only the start is kept; none when every boundary is
-        rerun_share = 0.0 if len(t["kept"]) > segments else ((segments - 1) / 2 + 1) / segments
+        segments, kept = t["segments"], set(t["kept"])
+        every_boundary = t["boundary_bytes"] * (segments + 1)
         out[r["case"]] = {
             "kept_boundaries": t["kept"],
             "every_boundary_mb": every_boundary / 2**20,
             "rerun_s_last_segment": t["replay_s"],
             "round_s": t["round_s"],
-            "expected_extra_compute": AUDIT_RATE * rerun_share,
+            "expected_extra_compute": AUDIT_RATE * _rerun_share(segments, kept),
         }
     return out
+
+
+def _rerun_share(segments: int, kept: set[int]) -> float:
+    """The share of a round an audit's answer re-runs, on average over the segment drawn: segment k's answer
+    holds boundaries k and k + 1 (the last, the final state, the model holds), and those not kept are
+    re-derived from the kept boundary before the first of them (``commitment.RoundTrace.answer``)."""
+    total = 0
+    for k in range(segments):
+        needed = {k, k + 1} - kept - {segments}
+        if needed:
+            total += max(needed) - max(b for b in kept if b <= min(needed))
+    return total / segments / segments
 
 
 def _table() -> dict:

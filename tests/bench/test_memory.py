@@ -43,3 +43,10 @@ def test_the_issues_four_training_jobs_meet_their_estimates_targets(memory):
         "70B QLoRA over 2 x 24 GB (Llama-2-70B, 1 x 1,024), both devices",
     ):
         assert table[name]["met"], (name, table[name])
+
+
+def test_an_audits_rerun_share_counts_the_segments_between_the_kept_boundary_and_those_it_needs(memory):
+    assert memory._rerun_share(4, {0, 1, 2, 3, 4}) == 0.0  # every boundary kept: nothing re-run
+    # only the start: segment k re-runs k + 1 segments, the last k (the final state is the model's own)
+    assert memory._rerun_share(4, {0}) == pytest.approx((1 + 2 + 3 + 3) / 16)
+    assert memory._rerun_share(4, {0, 2, 4}) == pytest.approx(4 / 16)  # one segment whichever is drawn

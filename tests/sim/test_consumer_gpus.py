@@ -14,7 +14,7 @@ from gpuflex.sim.scenario import SCENARIO_DIR, load_scenario
 
 def test_a_network_of_24gb_cards_trains_an_8b_lora_and_a_1b_full_fine_tune():
     """Every GPU of the community is a 24 GB card and no worker may fall back to a core node, so each job
-    that starts has its workers on those cards: the estimate (19.6 and 22.2 GB) lets them."""
+    that starts has its workers on those cards: the estimate (19.7 and 22.3 GB) lets them."""
     scenario = load_scenario(SCENARIO_DIR / "consumer-24gb.yaml")
     sim = Simulation(scenario, nodes=300, hours=4, seed=1)
     seen: dict[str, set[float]] = {}

@@ -11,8 +11,9 @@ estimate to measurements):
   fp32, their gradients, the inner optimizer's state (AdamW's two fp32 moments, or 2 bytes with
   ``optimizer_states: 8bit``; Muon keeps one moment for its matrices, so there this errs high); the 16-bit
   copies autocast makes of trained weights for the backward (one layer's with checkpointing);
-  activations, about 34 bytes per token per layer per unit of width in 16-bit autocast (Korthikanti et
-  al. 2022, attention's quadratic term left out as fused kernels do), twice that in fp32, and with
+  activations, 38 bytes per token per layer per unit of width in 16-bit autocast (Korthikanti et al.
+  2022's 34, attention's quadratic term left out as fused kernels do, raised to what ``bench/memory.py``
+  measured of llama blocks, whose MLP is 2.7-4x as wide as the stream), twice that in fp32, and with
   gradient checkpointing the layers' inputs plus one layer's activations recomputed; and the loss, whose
   logits are computed ``LOSS_CHUNK`` tokens at a time (``recipes/hf_causal_lm``), never for the whole
   batch at once. Sharded (``shard``, FSDP2: ``train/sharding.py``) over ``local_devices``, weights,
@@ -45,7 +46,7 @@ GIB = 2**30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 QUANTIZED_BYTES = {"nf4": 4.127 / 8, "int8": 1.0}  # a quantized weight, its block or row scales included
 OPTIMIZER_BYTES = {"fp32": 8.0, "8bit": 2.0 + 8 / 256}  # per trained parameter: two moments (+ block maxima)
-ACTIVATION_BYTES = {"fp32": 68, "bf16": 34, "fp16": 34}  # per token, layer and unit of width
+ACTIVATION_BYTES = {"fp32": 76, "bf16": 38, "fp16": 38}  # per token, layer and unit of width
 LOSS_CHUNK = 512  # tokens whose logits exist at once (``train/lm_loss``: the loss a chunk at a time)
 LOSS_BYTES = 10  # per token and vocabulary entry of a chunk: 16-bit logits, their fp32 copy (the softmax's
 # gradient in place), the 16-bit gradient, and slack for the matmul's output

@@ -4,22 +4,15 @@ frontier against its own DDP, the size sweep's falling-gap verdict, and merging 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench"
+from . import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling ddp.py by name
-    try:
-        import diloco_vs_ddp
-    finally:
-        sys.path.remove(str(BENCH))
-    return diloco_vs_ddp
+    return bench_script("diloco_vs_ddp")
 
 
 def row(name: str, val_loss: float, bytes_per_worker: float, kind: str, optimizer: str) -> dict:

@@ -3,24 +3,16 @@ where ``flwr`` is installed: it is the ``[flower]`` extra, not ``[dev]``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from gpuflex.privacy.dp import Accountant
 
-BENCH = Path(__file__).parents[2] / "bench"
+from . import bench_script
 
 
 @pytest.fixture(scope="module")
 def federated():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import federated
-    finally:
-        sys.path.remove(str(BENCH))
-    return federated
+    return bench_script("federated")
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from gpuflex.data.assign import assign
@@ -13,17 +10,12 @@ from gpuflex.data.prepare import prepare
 from gpuflex.data.sources import Source
 from gpuflex.data.tokenizer import load_tokenizer
 
-BENCH = Path(__file__).parents[2] / "bench"
+from . import bench_script
 
 
 @pytest.fixture(scope="module")
 def finetune():
-    sys.path.insert(0, str(BENCH))  # the script imports its siblings (prepare.py, diloco_vs_ddp.py) by name
-    try:
-        import finetune
-    finally:
-        sys.path.remove(str(BENCH))
-    return finetune
+    return bench_script("finetune")
 
 
 @pytest.fixture

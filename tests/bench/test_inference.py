@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench"
+from . import bench_script
 
 
 @pytest.fixture(scope="module")
 def inference():
-    sys.path.insert(0, str(BENCH))  # the script imports its siblings (prepare.py, verification.py) by name
-    try:
-        import inference
-    finally:
-        sys.path.remove(str(BENCH))
-    return inference
+    return bench_script("inference")
 
 
 def test_percentiles_interpolate_between_ranks(inference):

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-BENCH = Path(__file__).parents[2] / "bench"
+from . import bench_script
 
 
 @pytest.fixture(scope="module")
 def memory():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import memory
-    finally:
-        sys.path.remove(str(BENCH))
-    return memory
+    return bench_script("memory")
 
 
 def test_a_windows_peak_is_the_tensors_alive_at_its_start_plus_the_most_it_allocated_at_once(memory):

@@ -1,16 +1,19 @@
-"""Shared pieces of the train tests: a tiny spec, a synthetic corpus, and a job run in threads."""
+"""Shared pieces of the train tests: a tiny spec, a synthetic corpus, a small llama directory and its
+training spec, and a job run in threads."""
 
 from __future__ import annotations
 
 import random
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpuflex.protocol.messages import RoundPublish, TaskConfig
 from gpuflex.protocol.spec import ModelSpec, TrainingSpec
+from gpuflex.testing import save_llama, write_corpus
 from gpuflex.train.compression import get_compressor
 from gpuflex.train.outer import GlobalReplica
 from gpuflex.train.recipes import build_model
@@ -19,6 +22,27 @@ from gpuflex.train.transport import LocalTransport, Transport
 
 TINY_MODEL = ModelSpec(n_layer=1, n_head=2, n_embd=32, block_size=32)
 POLL = 0.005  # seconds between polls: tests wait on each other often
+
+
+def llama_dir(tmp_path_factory, **shape: Any) -> Path:
+    """A small llama's ``save_pretrained`` directory, its tokenizer trained on a synthetic corpus."""
+    texts = tmp_path_factory.mktemp("texts") / "t"
+    write_corpus(texts, files=1, lines=200)
+    return save_llama(tmp_path_factory.mktemp("model") / "m", [(texts / "part0.txt").read_text()], **shape)
+
+
+def llama_training(model_dir: Path, **fields: Any) -> TrainingSpec:
+    """A short hf-causal-lm job on ``model_dir``; ``fields`` replace or add to it."""
+    base = {
+        "recipe": "hf-causal-lm",
+        "model": {"from": str(model_dir), "block_size": 32},
+        "rounds": 2,
+        "inner_steps": 4,
+        "batch_size": 4,
+        "lr": 1e-2,
+        "eval_batches": 2,
+    }
+    return TrainingSpec.model_validate({**base, **fields})
 
 
 def tiny_spec(**overrides: Any) -> TrainingSpec:

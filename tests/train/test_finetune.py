@@ -15,7 +15,7 @@ from gpuflex.data.cache import ShardCache
 from gpuflex.errors import BadRequest, HashMismatch
 from gpuflex.protocol.messages import TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
-from gpuflex.testing import CountingBlobs, save_llama, write_corpus
+from gpuflex.testing import CountingBlobs
 from gpuflex.train.checkpoint import sha256
 from gpuflex.train.export import export_hf, whole_model
 from gpuflex.train.outer import GlobalReplica
@@ -24,29 +24,18 @@ from gpuflex.train.pretrained import bundle_model, describe, model_directory
 from gpuflex.train.recipes import build_model, get_recipe
 from gpuflex.train.worker import Replica, step
 
-from .helpers import audited_round
+from .helpers import audited_round, llama_dir, llama_training
 
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    texts = tmp_path_factory.mktemp("texts") / "t"
-    write_corpus(texts, files=1, lines=200)
-    return save_llama(tmp_path_factory.mktemp("model") / "m", [(texts / "part0.txt").read_text()])
+    return llama_dir(tmp_path_factory)
 
 
 def spec_for(model_dir: Path, **fields) -> TrainingSpec:
-    base = {
-        "recipe": "hf-causal-lm",
-        "model": {"from": str(model_dir), "block_size": 32},
-        "rounds": 2,
-        "inner_steps": 8,
-        "batch_size": 8,
-        "lr": 1e-2,
-        "eval_batches": 2,
-    }
-    return TrainingSpec.model_validate({**base, **fields})
+    return llama_training(model_dir, **{"inner_steps": 8, "batch_size": 8, **fields})
 
 
 def test_a_model_directory_is_sized_on_the_meta_device_with_its_lora(model_dir):

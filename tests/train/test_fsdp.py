@@ -17,7 +17,6 @@ from gpuflex.errors import SpecError
 from gpuflex.market.memory import worker_memory
 from gpuflex.protocol.messages import Contribution, TaskConfig
 from gpuflex.protocol.spec import TrainingSpec, parse_job_spec
-from gpuflex.testing import save_llama, write_corpus
 from gpuflex.train.checkpoint import sha256
 from gpuflex.train.commitment import TRACE_HEX, params_hash
 from gpuflex.train.device_group import DataParallel, DeviceGroup
@@ -29,7 +28,7 @@ from gpuflex.train.transport import LocalTransport
 from gpuflex.train.verifier import Verifier
 from gpuflex.train.worker import Replica, RoundResult, _follow
 
-from .helpers import ThreadedJob, task_config, tiny_spec
+from .helpers import ThreadedJob, llama_dir, llama_training, task_config, tiny_spec
 
 TIMEOUT = 120
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
@@ -125,23 +124,11 @@ def _audit(run: Round, segment: int):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    texts = tmp_path_factory.mktemp("texts") / "t"
-    write_corpus(texts, files=1, lines=200)
-    return save_llama(tmp_path_factory.mktemp("model") / "m", [(texts / "part0.txt").read_text()])
+    return llama_dir(tmp_path_factory)
 
 
 def llama_spec(model_dir: Path, **fields) -> TrainingSpec:
-    base = {
-        "recipe": "hf-causal-lm",
-        "model": {"from": str(model_dir), "block_size": 32},
-        "rounds": 2,
-        "inner_steps": 4,
-        "batch_size": 4,
-        "lr": 1e-2,
-        "eval_batches": 2,
-        **TWO_RANKS,
-    }
-    return sized(TrainingSpec.model_validate({**base, **fields}))
+    return sized(llama_training(model_dir, **{**TWO_RANKS, **fields}))
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,13 @@ import torch.nn.functional as F
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.messages import TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
-from gpuflex.testing import save_llama, write_corpus
 from gpuflex.train.commitment import training_state
 from gpuflex.train.lm_loss import chunked_cross_entropy
 from gpuflex.train.placement import frozen_dtype, snapshot_stride
 from gpuflex.train.recipes import get_recipe
 from gpuflex.train.worker import Replica
 
-from .helpers import audited_round
+from .helpers import audited_round, llama_dir, llama_training
 
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 CPU = torch.device("cpu")
@@ -28,24 +27,11 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    texts = tmp_path_factory.mktemp("texts") / "t"
-    write_corpus(texts, files=1, lines=200)
-    # hidden 64: bitsandbytes quantizes in blocks of 64 values
-    return save_llama(tmp_path_factory.mktemp("model") / "m", [(texts / "part0.txt").read_text()], hidden=64)
+    return llama_dir(tmp_path_factory, hidden=64)  # bitsandbytes quantizes in blocks of 64 values
 
 
 def spec_for(model_dir: Path, **fields) -> TrainingSpec:
-    base = {
-        "recipe": "hf-causal-lm",
-        "model": {"from": str(model_dir), "block_size": 32},
-        "rounds": 2,
-        "inner_steps": 4,
-        "batch_size": 4,
-        "lr": 1e-2,
-        "eval_batches": 2,
-        "verification": {"trace_every": 1},
-    }
-    return TrainingSpec.model_validate({**base, **fields})
+    return llama_training(model_dir, **{"verification": {"trace_every": 1}, **fields})
 
 
 def _replica(model_dir: Path, spec: TrainingSpec) -> tuple[Replica, list]:

@@ -141,7 +141,7 @@ def test_governed_heartbeat_rules_reach_agents_and_judge_liveness(coordinator):
     proposal = nodes["a"].propose(_proposal(coordinator, "heartbeat_interval_s", 10, VOTING_S + 1))
     nodes["a"].vote(proposal.id, "yes")
     assert nodes["a"].heartbeat([]).heartbeat_interval_s == 2  # the setting, until the change
-    coordinator.clock.advance(VOTING_S + 1)
+    coordinator.clock.advance(VOTING_S + 2)  # past its effective time (on a frozen clock, not just at it)
     for node in (nodes["a"], other):
         node.heartbeat([])
     reap_once(coordinator.ctx)

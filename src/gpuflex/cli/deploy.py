@@ -20,7 +20,7 @@ from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.market.memory import serve_vram_estimate_gb, serve_ways_to_fit
 from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
-from gpuflex.protocol.messages import DeploymentInfo, DeploymentKeyCreated, KeyUsage
+from gpuflex.protocol.messages import DeploymentInfo, DeploymentKeyCreated, KeyUsage, Offer
 from gpuflex.protocol.spec import JobSpec, ModelSize, describe_validation_error
 
 deployment_app = typer.Typer(help="Follow and manage one deployment.", no_args_is_help=True)
@@ -63,20 +63,24 @@ def _check_directory(model: Path) -> None:
     is_adapter(model)
 
 
-def _upload(client: Client, model: Path, context: int, max_batch: int, dtype: str) -> DeployedModel:
+def _upload(
+    client: Client, online: list[Offer], model: Path, context: int, max_batch: int, dtype: str
+) -> DeployedModel:
     """``--model DIR`` checked, sized and uploaded (a LoRA adapter merged into its base first); refused
-    before anything is uploaded when no online node could hold a replica."""
+    before anything is uploaded when no ``online`` node could hold a replica."""
     from gpuflex.train.export import whole_model  # torch and transformers: only when a directory is deployed
 
     with whole_model(model) as directory:
-        _check_fits(client, _size(directory), context, max_batch, dtype)
+        _check_fits(online, _size(directory), context, max_batch, dtype)
         return upload_served_model(client, directory)
 
 
-def _check_fits(client: Client, size: ModelSize | None, context: int, max_batch: int, dtype: str) -> None:
+def _check_fits(
+    online: list[Offer], size: ModelSize | None, context: int, max_batch: int, dtype: str
+) -> None:
     """Refuse, in one line with what would fit, a replica no online GPU node can hold by the market's
     estimate (a CPU node, which serves from its RAM, is not held to it; with none of either, it waits)."""
-    gpus = [o for o in client.offers() if o.state == "online" and o.vram_gb > 0]
+    gpus = [o for o in online if o.vram_gb > 0]
     if size is None or not gpus:
         return
     need = serve_vram_estimate_gb(size, context, max_batch, dtype)
@@ -91,18 +95,16 @@ def _check_fits(client: Client, size: ModelSize | None, context: int, max_batch:
     )
 
 
-def _check_budget(client: Client, replicas: int, max_price: float, budget: float) -> None:
-    """Refuse a budget that cannot pay the first minute of the replicas on the cheapest online nodes they
-    may take (it would end out of budget while the model loads, having served nothing), and warn of one
-    that lasts under an hour; with no such node online it waits, spending nothing."""
-    online = [
-        o.price_per_hour for o in client.offers() if o.state == "online" and o.price_per_hour <= max_price
-    ]
-    per_hour = sum(sorted(online)[:replicas])
+def _check_budget(online: list[Offer], replicas: int, max_price: float, budget: float) -> None:
+    """Refuse a budget that cannot pay the first minute of the replicas on the cheapest ``online`` nodes
+    they may take (it would end out of budget while the model loads, having served nothing), and warn of
+    one that lasts under an hour; with no such node online it waits, spending nothing."""
+    prices = [o.price_per_hour for o in online if o.price_per_hour <= max_price]
+    per_hour = sum(sorted(prices)[:replicas])
     if not per_hour:
         return
     lasts_s = budget / per_hour * 3600
-    at = f"{min(replicas, len(online))} replicas at the cheapest online prices, {credits(per_hour)} credits/h"
+    at = f"{min(replicas, len(prices))} replicas at the cheapest online prices, {credits(per_hour)} credits/h"
     if lasts_s < 60:
         raise BadRequest(
             f"a budget of {credits(budget)} credits pays ≈ {lasts_s:.0f} s of {at}, not their first minute: "
@@ -152,14 +154,15 @@ def deploy(
     if model is not None:  # what the user typed is checked before the network
         _check_directory(model)
     client = consumer_client(url, token)
-    _check_budget(client, replicas, max_price, budget)  # before anything is uploaded
+    online = [o for o in client.offers() if o.state == "online"]  # what the checks before any upload read
+    _check_budget(online, replicas, max_price, budget)
     max_batch = DeploymentSpec.model_fields["max_batch"].default
     if job_id is not None:  # named after the job, never after the prefix it was given by
         job = client.job(job_id)
-        _check_fits(client, job.spec.training.model.size, context, max_batch, dtype)
+        _check_fits(online, job.spec.training.model.size, context, max_batch, dtype)
         served, default_name = DeployedModel(job=job_id), job.name
     else:
-        served = _upload(client, model, context, max_batch, dtype)
+        served = _upload(client, online, model, context, max_batch, dtype)
         default_name = model.expanduser().resolve().name
     fields = {
         "name": name or default_name,

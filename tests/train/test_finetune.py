@@ -15,7 +15,7 @@ from gpuflex.data.cache import ShardCache
 from gpuflex.errors import BadRequest, HashMismatch
 from gpuflex.protocol.messages import TaskConfig
 from gpuflex.protocol.spec import TrainingSpec
-from gpuflex.testing import CountingBlobs
+from gpuflex.testing import CountingBlobs, save_llama
 from gpuflex.train.checkpoint import sha256
 from gpuflex.train.export import export_hf, whole_model
 from gpuflex.train.outer import GlobalReplica
@@ -243,6 +243,14 @@ def test_an_adapter_becomes_a_whole_model_over_the_base_it_names_or_a_line_sayin
         "fetch its job as a whole model (gpuflex job fetch JOB --format hf --merge -o DIR), "
         "or deploy the job (gpuflex deploy JOB)"
     )
+
+    other = save_llama(tmp_path / "wider", ["alpha beta gamma delta " * 64], hidden=64)
+    config["base_model_name_or_path"] = str(other)
+    (moved / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(BadRequest) as refused, whole_model(moved):
+        pass
+    assert refused.value.message.startswith(f"{moved} is a LoRA adapter that does not fit its base {other}: ")
+    assert "size mismatch" in refused.value.message and "\n" not in refused.value.message
 
 
 def test_export_refuses_what_it_cannot_write(model_dir, tmp_path):

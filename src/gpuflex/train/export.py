@@ -95,7 +95,13 @@ def whole_model(directory: Path) -> Iterator[Path]:
     )
     with warnings.catch_warnings():  # peft asks transformers a deprecated question; not ours to answer
         warnings.simplefilter("ignore", FutureWarning)
-        merged = _peft().PeftModel.from_pretrained(model, directory).merge_and_unload()
+        try:
+            merged = _peft().PeftModel.from_pretrained(model, directory).merge_and_unload()
+        except (RuntimeError, ValueError) as err:  # another model's adapter: its shapes or modules differ
+            reason = str(err).strip().splitlines()[-1].strip()
+            raise BadRequest(
+                f"{directory} is a LoRA adapter that does not fit its base {base}: {reason}"
+            ) from None
     with tempfile.TemporaryDirectory() as tmp:
         yield _save(merged, base.resolve(), Path(tmp) / directory.resolve().name, cast=True)
 

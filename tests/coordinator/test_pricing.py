@@ -74,6 +74,7 @@ def test_a_quote_that_cannot_be_placed_says_why(coordinator):
 
 
 def test_a_quote_names_each_candidate_node_and_the_real_reason_it_cannot_take_a_task(coordinator, tmp_path):
+    coordinator.clock.freeze()  # every node as present as the others: equal uptimes leave price to order them
     alice = coordinator.consumer("alice", deposit=5)
     core, busy = coordinator.node("core-1", core=True, price=0.3), coordinator.node("c-busy", price=0.1)
     first = alice.submit(_spec(resources={"workers": 1}), alice.upload(b"corpus " * 2000))

@@ -197,3 +197,56 @@ def test_the_cli_prints_a_quote_and_a_jobs_pricing(coordinator, tmp_path):
     bad.write_text("name: t\npricing: dutch\n")
     failed = CliRunner().invoke(app, ["quote", str(bad), *flags])
     assert failed.exit_code != 0 and "pricing" in str(failed.exception)
+
+
+def _run_to_completion(coordinator, alice, nodes, *, start_s: float, round_s: float, rounds: int = 2):
+    """One job of ``rounds`` rounds through the real API on a frozen clock: round 0 ``start_s`` after
+    submission, each trained round ``round_s`` after the last."""
+    job = alice.submit(_spec(training={"rounds": rounds}), alice.upload(b"corpus " * 2000))
+    grants = [node.lease() for node in nodes.values()]
+    (agg,) = (coordinator.task(g) for g in grants if g.role == "aggregator")
+    workers = [coordinator.task(g) for g in grants if g.role == "worker"]
+    coordinator.clock.advance(start_s)
+    agg.publish_round(m.RoundPublish(round=0, state_hash="ab" * 32, checkpoint=agg.put_blob(b"s0")))
+    for r in range(rounds):
+        coordinator.clock.advance(round_s)
+        for node in nodes.values():
+            node.heartbeat([])
+        for i, w in enumerate(workers):
+            w.submit_contribution(
+                m.ContributionSubmit(
+                    round=r, delta=w.put_blob(b"d%d%d" % (r, i)), tokens=1, steps=1, train_loss=1
+                )
+            )
+        last = r == rounds - 1
+        agg.publish_round(
+            m.RoundPublish(
+                round=r + 1,
+                state_hash="ab" * 32,
+                update=agg.put_blob(b"u%d" % r),
+                checkpoint=agg.put_blob(b"s%d" % r) if last else None,
+                contributions=len(workers),
+            )
+        )
+    assert alice.job(job.id).state == "completed"
+
+
+def test_quotes_are_calibrated_on_what_the_networks_completed_jobs_took(coordinator):
+    coordinator.clock.freeze()  # each job takes exactly the seconds it is told to
+    alice = coordinator.consumer("alice", deposit=10)
+    nodes = {
+        n: coordinator.node(n, core=n == "core", price=p)
+        for n, p in (("core", 0.3), ("c0", 0.1), ("c1", 0.2))
+    }
+    before = alice.quote(_spec(training={"rounds": 10}))
+    assert any("not yet calibrated" in a for a in before.assumptions)
+    # three jobs that started in 1, 2 and 3 s and ran rounds of 5 s (the model says far less on these nodes);
+    # 36 s of advance in all: a node signs its requests on its own clock, within 60 s of the coordinator's
+    for start_s in (1.0, 2.0, 3.0):
+        _run_to_completion(coordinator, alice, nodes, start_s=start_s, round_s=5.0)
+    after = alice.quote(_spec(training={"rounds": 10}))
+    assert any("calibrated on the network's last 3 jobs: ≈ 2 s" in a for a in after.assumptions), after
+    # the same nodes: rounds take what they took, after the median start
+    assert after.duration_s == pytest.approx(2.0 + 10 * 5.0, rel=0.01)
+    assert after.duration_low_s < 51 < 53 < after.duration_high_s  # the spread of 11, 12 and 13 s jobs
+    assert after.duration_high_s / after.duration_low_s < before.duration_high_s / before.duration_low_s

@@ -1,11 +1,13 @@
 """Pricing, pure: the sealed-bid reverse auction (units and hypothesis properties) and quotes."""
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuflex.errors import BadRequest
-from gpuflex.market import pricing
+from gpuflex.market import calibration, pricing
 from gpuflex.market.matching import NodeOffer, Requirements
 from gpuflex.market.pricing import (
     Ask,
@@ -161,6 +163,7 @@ def test_the_default_char_gpt_has_254592_parameters_and_a_user_recipe_an_unknown
 P = 254_592  # the default char-gpt
 TOKENS = 32 * 64
 STEP_FLOPS = 6 * P * TOKENS
+FIXED_S, BUDGET_OVERRUN = calibration.PRIOR_FIXED_S, calibration.PRIOR_BUDGET_OVERRUN
 EXCHANGE_S = 2 * P * 1.0 / pricing.LINK_BYTES_PER_S + pricing.ROUND_OVERHEAD_S  # int8: a byte a value
 
 
@@ -184,7 +187,7 @@ def test_a_step_counted_job_waits_for_its_slowest_worker_and_pays_every_chosen_n
     ]
     step_on_slow = STEP_FLOPS / (0.5e12 * pricing.EFFICIENCY)
     assert q.nodes[2].seconds_per_step == pytest.approx(step_on_slow)
-    assert q.duration_s == pytest.approx(10 * (100 * step_on_slow + EXCHANGE_S))
+    assert q.duration_s == pytest.approx(FIXED_S + 10 * (100 * step_on_slow + EXCHANGE_S))
     assert q.cost == pytest.approx((0.4 + 0.1 + 0.2) * q.duration_s / 3600)
     assert q.budget_lasts_s is None
 
@@ -192,10 +195,13 @@ def test_a_step_counted_job_waits_for_its_slowest_worker_and_pays_every_chosen_n
 def test_the_range_spans_the_efficiency_and_a_replacement_on_the_slowest_spare():
     job = spec(resources={"workers": 2}, training={"rounds": 10, "inner_steps": 100})
     q = quote(job, _market())
-    low_step = STEP_FLOPS / (0.5e12 * pricing.EFFICIENCY_HIGH)
-    high_step = STEP_FLOPS / (0.25e12 * pricing.EFFICIENCY_LOW)  # the spare, slowest of all
-    assert q.duration_low_s == pytest.approx(10 * (100 * low_step + EXCHANGE_S))
-    assert q.duration_high_s == pytest.approx(11 * (100 * high_step + EXCHANGE_S))  # one round lost
+    # uncalibrated, the range is the model's time over and times the prior's factor, and the high end
+    # has the slowest spare replace a worker, losing a round
+    slow_round = 100 * STEP_FLOPS / (0.5e12 * pricing.EFFICIENCY) + EXCHANGE_S
+    spare_round = 100 * STEP_FLOPS / (0.25e12 * pricing.EFFICIENCY) + EXCHANGE_S
+    factor = math.exp(calibration.PRIOR_SPREAD)
+    assert q.duration_low_s == pytest.approx((FIXED_S + 10 * slow_round) / factor)
+    assert q.duration_high_s == pytest.approx((FIXED_S + 11 * spare_round) * factor)
     # fixed pricing: the replacement is paid as the priciest spare (0.3) instead of the cheapest worker (0.1)
     assert q.cost_high == pytest.approx((0.4 + 0.3 + 0.2) * q.duration_high_s / 3600)
     assert q.cost_low < q.cost < q.cost_high
@@ -216,7 +222,7 @@ def test_an_auction_quote_pays_every_worker_the_clearing_price_and_the_aggregato
 def test_a_time_budgeted_round_ends_at_its_budget():
     job = spec(resources={"workers": 2}, training={"rounds": 4, "inner_steps": 100_000, "round_seconds": 30})
     q = quote(job, _market())
-    assert q.duration_s == pytest.approx(4 * (30 + EXCHANGE_S))
+    assert q.duration_s == pytest.approx(FIXED_S + 4 * (30 + EXCHANGE_S) * BUDGET_OVERRUN)
 
 
 def test_a_user_recipe_is_quoted_only_when_time_budgeted():
@@ -224,7 +230,7 @@ def test_a_user_recipe_is_quoted_only_when_time_budgeted():
     with pytest.raises(BadRequest, match=r"set training\.round_seconds"):
         quote(spec(training=user), _market())
     q = quote(spec(resources={"workers": 2}, training={**user, "round_seconds": 20}), _market())
-    assert q.duration_s == pytest.approx(3 * (20 + pricing.ROUND_OVERHEAD_S))
+    assert q.duration_s == pytest.approx(FIXED_S + 3 * (20 + pricing.ROUND_OVERHEAD_S) * BUDGET_OVERRUN)
 
 
 def test_the_cost_is_capped_by_the_budget_which_says_when_it_runs_out():

@@ -197,6 +197,20 @@ class Round(Base):
     epsilon: Mapped[float | None] = mapped_column(Float, nullable=True)  # privacy.dp: ε spent up to here
 
 
+class JobTiming(Base):
+    """What a completed training job took, beside what the pricing model predicted for the nodes that
+    ran it: quotes are calibrated on the newest of these (``market.calibration``)."""
+
+    __tablename__ = "job_timings"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    finished_at: Mapped[float] = mapped_column(Float, index=True)
+    wall_s: Mapped[float] = mapped_column(Float)  # submitted to finished
+    rounds: Mapped[int] = mapped_column(Integer)
+    steady_round_s: Mapped[float] = mapped_column(Float)
+    predicted_round_s: Mapped[float] = mapped_column(Float)
+    time_budgeted: Mapped[bool] = mapped_column(Boolean)
+
+
 class Contribution(Base):
     __tablename__ = "contributions"
     __table_args__ = (UniqueConstraint("job_id", "round", "task_id"),)

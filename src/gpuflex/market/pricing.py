@@ -59,10 +59,8 @@ Price = TypeVar("Price", int, float)  # credits per hour, or micro-credits per h
 # 58.9 GFLOP/s counted as 6 x params x tokens; the agent's benchmark on the same machine gave
 # 0.0823 TFLOPS fp32 with one thread (an agent benchmarks with its tasks' thread count; 0.0943 with
 # torch's default two). 58.9 / 82.3 = 0.72. A GPU runs so small a model far below its peak, and a
-# busy host slows a CPU: hence the wide range below.
+# busy host slows a CPU: what a network's jobs actually take corrects it (``calibration``).
 EFFICIENCY = 0.7
-EFFICIENCY_LOW = 0.3  # the slow end of a quote's range
-EFFICIENCY_HIGH = 0.9  # the fast end
 # Per round, besides moving bytes: the worker's and the aggregator's polls (0.2 s each) and the
 # request round trips. Not measured: an assumption of the order of the poll intervals.
 ROUND_OVERHEAD_S = 0.5

@@ -3,7 +3,8 @@
 A quote places the job as the market would now (``placement.place_job``: its aggregator and at least
 ``min_workers`` workers together, among the online offers less the nodes ``held``), names the nodes
 it assumes, and estimates from their benchmarked TFLOPS what the job costs and how long it takes:
-``rounds x (compute + exchange)`` (``pricing.round_seconds``; see ``quote`` for the range's rule). It
+``rounds x (compute + exchange)`` (``pricing.round_seconds``), corrected by what the network's
+completed jobs took (``calibration``; see ``quote`` for the range's rule). It
 also says in how many rounds shirking would pay a worker in expectation (``pricing.shirking_pays_rounds``).
 What cannot be placed is told node by node (``market.waiting``): which node could not take which
 task, and why — busy, barred, short of stake, or the first requirement it fails.
@@ -18,14 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpuflex.errors import BadRequest
+from gpuflex.market.calibration import Calibration, JobTiming
 from gpuflex.market.index import OfferIndex
 from gpuflex.market.matching import NodeOffer, Requirements, unmet
 from gpuflex.market.memory import GIB, vram_estimate_gb, ways_to_fit, worker_memory
 from gpuflex.market.placement import JobPlacement, place_job
 from gpuflex.market.pricing import (
     EFFICIENCY,
-    EFFICIENCY_HIGH,
-    EFFICIENCY_LOW,
     LINK_BYTES_PER_S,
     REPLACEMENTS,
     ROUND_OVERHEAD_S,
@@ -79,22 +79,29 @@ class Quote:
     too_big: str | None = None  # the estimate exceeds every online GPU node: by how much, what would fit
 
 
-def quote(spec: JobSpec, offers: Sequence[NodeOffer], held: Mapping[str, Held] | None = None) -> Quote:
+def quote(
+    spec: JobSpec,
+    offers: Sequence[NodeOffer],
+    held: Mapping[str, Held] | None = None,
+    timings: Sequence[JobTiming] = (),
+) -> Quote:
     """Estimate a job's duration and cost on ``offers`` (the online nodes; those in ``held`` take no
     task, for the reason given), placing it as the market would: the aggregator first, then the
-    workers (by rank, or by auction), at least ``min_workers`` of them or none.
+    workers (by rank, or by auction), at least ``min_workers`` of them or none; calibrated on
+    ``timings``, what the network's newest completed jobs took (``calibration``).
 
     Per round: compute, then the exchange. Compute is ``inner_steps`` steps on the slowest chosen
     worker (rounds wait for the quorum), a step being 6 x parameters x tokens FLOPs at the node's
     TFLOPS x ``EFFICIENCY`` (÷ ``local_devices``); a time-budgeted job (``round_seconds``) stops a
     round at that budget, so compute is the smaller of the two. The exchange is one upload and one
     download of the compressed update over ``LINK_BYTES_PER_S`` plus ``ROUND_OVERHEAD_S``; with
-    ``overlap`` it hides behind compute. Cost = Σ paid price x duration, aggregator included,
-    capped by the budget.
+    ``overlap`` it hides behind compute. The duration is that round's time corrected by the calibration
+    (its speed factor), times the rounds, plus the calibration's fixed seconds to start and finish. Cost
+    = Σ paid price x duration, aggregator included, capped by the budget.
 
-    The range: low = every worker at ``EFFICIENCY_HIGH``; high = ``EFFICIENCY_LOW``, plus
-    ``REPLACEMENTS`` worker(s) lost and replaced by the slowest eligible node left over (in fixed
-    pricing, paid as the priciest one left over), each loss costing one extra round.
+    The range: low = the calibration's low end; high = its high end with ``REPLACEMENTS`` worker(s) lost
+    and replaced by the slowest eligible node left over (in fixed pricing, paid as the priciest one left
+    over), each loss costing one extra round.
     """
     if parameter_count(spec.training) is None and spec.training.round_seconds is None:
         raise BadRequest(
@@ -124,7 +131,10 @@ def quote(spec: JobSpec, offers: Sequence[NodeOffer], held: Mapping[str, Held] |
     by_id = {o.node_id: o for o in offers}
     workers = [by_id[c.node_id] for c in placement.workers.choices]
     spares = _spares(req, offers, set(held) | set(chosen), placement.clearing_price)
-    estimate = _estimate(spec, by_id[placement.aggregator.node_id], workers, spares, placement.clearing_price)
+    time_budgeted = spec.training.round_seconds is not None
+    calibration = Calibration.of(timings, time_budgeted=time_budgeted)
+    agg = by_id[placement.aggregator.node_id]
+    estimate = _estimate(spec, agg, workers, spares, placement.clearing_price, calibration)
     estimate = replace(estimate, **memory)
     if workers_wait is None:
         return estimate
@@ -152,7 +162,12 @@ def _spares(
 
 
 def _estimate(
-    spec: JobSpec, agg: NodeOffer, workers: list[NodeOffer], spares: list[NodeOffer], clearing: float | None
+    spec: JobSpec,
+    agg: NodeOffer,
+    workers: list[NodeOffer],
+    spares: list[NodeOffer],
+    clearing: float | None,
+    calibration: Calibration,
 ) -> Quote:
     training = spec.training
     params = parameter_count(training)
@@ -160,11 +175,9 @@ def _estimate(
     def step_s(o: NodeOffer, efficiency: float) -> float | None:
         return step_seconds(training, o.tflops, efficiency)
 
-    def duration(slowest: NodeOffer, efficiency: float, extra_rounds: int) -> float:
-        exchanged = trained_count(training)
-        return (training.rounds + extra_rounds) * round_seconds(
-            training, step_s(slowest, efficiency), exchanged
-        )
+    def duration(end: int, slowest: NodeOffer, extra_rounds: int) -> float:
+        predicted = predicted_round_s(training, slowest.tflops)
+        return calibration.duration_s(end, training.rounds + extra_rounds, predicted)
 
     def paid(o: NodeOffer) -> float:
         return o.price_per_hour if clearing is None else clearing
@@ -173,10 +186,10 @@ def _estimate(
     pricier = max((paid(o) for o in spares), default=0.0) - min(paid(w) for w in workers)
     rate_high = rate + max(pricier, 0.0)
     slowest = min(workers, key=lambda o: o.tflops)
-    expected = duration(slowest, EFFICIENCY, 0)
+    expected = duration(1, slowest, 0)
     round_pay = max(paid(w) for w in workers) * expected / training.rounds / 3600  # the best-paid worker's
-    low = duration(slowest, EFFICIENCY_HIGH, 0)
-    high = duration(min([*workers, *spares], key=lambda o: o.tflops), EFFICIENCY_LOW, REPLACEMENTS)
+    low = duration(0, slowest, 0)
+    high = duration(2, min([*workers, *spares], key=lambda o: o.tflops), REPLACEMENTS)
     budget_lasts = spec.budget / rate * 3600 if rate > 0 else math.inf
     agg_node = QuoteNode(
         agg.node_id,
@@ -209,7 +222,7 @@ def _estimate(
         budget_lasts_s=budget_lasts if budget_lasts < expected else None,
         shirking_pays_rounds=shirking_pays_rounds(training, round_pay),
         slash_to_deter=slash_to_deter(training.verification, round_pay),
-        assumptions=_assumptions(params, training),
+        assumptions=_assumptions(params, training, calibration),
     )
 
 
@@ -240,11 +253,18 @@ def _memory(spec: JobSpec, req: Requirements, offers: Sequence[NodeOffer]) -> di
     return {**figures, "too_big": told + " (or set resources.min_vram_gb to choose the nodes yourself)"}
 
 
-def _assumptions(params: int | None, training: TrainingSpec) -> tuple[str, ...]:
+def predicted_round_s(training: TrainingSpec, tflops: float) -> float:
+    """The pricing model's seconds for one round of ``training`` on a worker of ``tflops``, before
+    calibration: what a completed job's measured rounds are compared with."""
+    return round_seconds(training, step_seconds(training, tflops, EFFICIENCY), trained_count(training))
+
+
+def _assumptions(params: int | None, training: TrainingSpec, calibration: Calibration) -> tuple[str, ...]:
     size = "unknown (user recipe)" if params is None else f"{params:,} parameters"
     return (
         f"model: {size}, {tokens_per_step(training):,} tokens per step, 6 FLOPs per parameter per token",
-        f"efficiency {EFFICIENCY:g} of benchmarked TFLOPS (range {EFFICIENCY_LOW:g}–{EFFICIENCY_HIGH:g})",
+        f"efficiency {EFFICIENCY:g} of benchmarked TFLOPS",
         f"exchange over {LINK_BYTES_PER_S * 8 / 1e6:g} Mbit/s plus {ROUND_OVERHEAD_S:g} s per round",
         f"slow end: {REPLACEMENTS} worker replaced by the slowest eligible spare, one round lost",
+        calibration.describe(),
     )

@@ -24,6 +24,7 @@ from gpuflex.coordinator.services import (
     ledger,
     secure,
     specs,
+    timings,
     verification,
 )
 from gpuflex.coordinator.services.market import OPEN_JOB_STATES
@@ -221,6 +222,8 @@ def finish(session: Session, job: Job, state: str, reason: str, now: float, *, f
     if job.state not in OPEN_JOB_STATES:
         return
     job.state, job.reason, job.finished_at = state, reason, now
+    if state == "completed":
+        timings.record(session, job, now)
     leases.end_for_job(session, job, now, task_state="completed" if state == "completed" else "cancelled")
     secure.discard(session, job.id)
     session.flush()

@@ -24,7 +24,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from gpuflex.coordinator.db import Job, JobEvent, Lease, Node, Task, Verdict, refresh_statistics, try_lock
-from gpuflex.coordinator.services import federated, governance, ledger, liveness, registry, specs
+from gpuflex.coordinator.services import federated, governance, ledger, liveness, registry, specs, timings
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.errors import BadRequest
 from gpuflex.ledger import accounts
@@ -163,7 +163,7 @@ def quote(
             "submitted (`gpuflex job show` lists them)"
         )
     offers, held = _offers(session, settings, now, heartbeat_interval_s)
-    return m.Quote.model_validate(asdict(quotes.quote(spec, offers, held)))
+    return m.Quote.model_validate(asdict(quotes.quote(spec, offers, held, timings.recent(session))))
 
 
 def unplace_from_gone_nodes(session: Session, now: float) -> None:

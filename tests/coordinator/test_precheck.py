@@ -91,6 +91,20 @@ def test_a_validation_split_too_small_is_refused_before_the_model_is_uploaded(co
     assert no_model_part_stored(coordinator, made / "model")
 
 
+def test_a_text_too_short_for_the_block_size_is_refused_before_the_model_is_uploaded(
+    coordinator, made, tmp_path
+):
+    spec = job(made)
+    spec["data"] = {"source": str(made / "text"), "max_bytes": 10_000, "extensions": [".txt"]}
+    spec["training"]["model"]["block_size"] = 1024
+    error = submit(coordinator, tmp_path, spec)
+    assert error.startswith(
+        "the dataset's validation split (1000 tokens in 1 shard(s)) is too small for block_size 1024"
+    )
+    assert "give more text (data.source, data.max_bytes)" in error
+    assert no_model_part_stored(coordinator, made / "model")
+
+
 def test_a_dataset_tokenized_for_another_model_is_refused_before_the_model_is_uploaded(
     coordinator, made, tmp_path
 ):

@@ -14,6 +14,7 @@ from gpuflex.errors import BadRequest
 from gpuflex.protocol.spec import JobSpec, TrainingSpec
 
 TEXT_VAL_FRACTION = 0.1  # a text corpus's last tenth is its validation split
+BYTE_RECIPES = ("char-gpt", "hf-causal-lm")  # the recipes that read a text corpus as byte windows
 
 
 def text_split(corpus_bytes: int) -> tuple[int, int]:
@@ -24,10 +25,14 @@ def text_split(corpus_bytes: int) -> tuple[int, int]:
 
 def check_text(corpus_bytes: int, spec: JobSpec) -> None:
     """BadRequest unless ``spec`` can train on a text corpus of ``corpus_bytes`` bytes: byte ids the model
-    embeds, and enough of them for every worker's part and the validation split."""
+    embeds, and enough of them for every worker's part and the validation split. Only the recipes that
+    read a corpus as byte windows (char-gpt, hf-causal-lm) are held to it: a user recipe reads its own."""
+    if spec.training.recipe not in BYTE_RECIPES:
+        return
     check_tokenizer(BYTE_TOKENIZER, spec.training)
     train, validation = text_split(corpus_bytes)
-    check_fits([train], [validation], spec.resources.workers, spec.training.model.block_size)
+    more = "give more text (data.source, data.max_bytes): its last tenth is the validation split"
+    check_fits([train], [validation], spec.resources.workers, spec.training.model.block_size, more)
 
 
 def check_job(manifest: Manifest, spec: JobSpec) -> None:

@@ -20,7 +20,8 @@ from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage.bundles import bundle_directory
 from gpuflex.testing import save_llama, write_corpus
 
-pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # nothing here is SQL
+# the CLI's checks are the same on either database: run once; the coordinator's check routes on both
+SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 TOO_SMALL = r"the dataset's validation split \(\d+ tokens in 1 shard\(s\)\) is too small for block_size 128"
 
@@ -83,6 +84,7 @@ def no_model_part_stored(coordinator, model_dir: Path) -> bool:
     )
 
 
+@SQLITE
 def test_a_validation_split_too_small_is_refused_before_the_model_is_uploaded(coordinator, made, tmp_path):
     error = submit(coordinator, tmp_path, job(made, data="short-val"))
     assert error.startswith("the dataset's validation split (")
@@ -91,6 +93,7 @@ def test_a_validation_split_too_small_is_refused_before_the_model_is_uploaded(co
     assert no_model_part_stored(coordinator, made / "model")
 
 
+@SQLITE
 def test_a_text_too_short_for_the_block_size_is_refused_before_the_model_is_uploaded(
     coordinator, made, tmp_path
 ):
@@ -105,6 +108,7 @@ def test_a_text_too_short_for_the_block_size_is_refused_before_the_model_is_uplo
     assert no_model_part_stored(coordinator, made / "model")
 
 
+@SQLITE
 def test_a_dataset_tokenized_for_another_model_is_refused_before_the_model_is_uploaded(
     coordinator, made, tmp_path
 ):
@@ -116,6 +120,7 @@ def test_a_dataset_tokenized_for_another_model_is_refused_before_the_model_is_up
     assert no_model_part_stored(coordinator, made / "narrow")
 
 
+@SQLITE
 def test_a_budget_the_wallet_cannot_cover_is_refused_before_anything_large_is_uploaded(
     coordinator, made, tmp_path
 ):

@@ -39,7 +39,8 @@ class JobInputs:
 def read_inputs(spec: JobSpec) -> JobInputs:
     """Read the job's data and recipe file and check them here: a prepared dataset (``check_prepared``), or
     the corpus built from ``data.source`` (unless ``none``) against the job (``data.fit.check_text``).
-    With ``model.from``, ``spec`` is sized first: the data's ids are checked against its vocabulary."""
+    With ``model.from``, give ``spec`` sized (``model.size``): the data's ids are checked against its
+    vocabulary, 256 byte ids assumed without one."""
     from gpuflex.data.fit import check_text
     from gpuflex.train.corpus import build_corpus
 

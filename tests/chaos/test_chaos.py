@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from gpuflex.cli.jobs import upload_inputs
+from gpuflex.cli.inputs import upload_inputs
 from gpuflex.cli.watch import TERMINAL
 from gpuflex.client import Client
 from gpuflex.coordinator.db import Contribution, Lease, Task, make_engine, make_sessionmaker

@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 from typer.testing import CliRunner
 
 from gpuflex.cli.deploy import upload_served_model
-from gpuflex.cli.jobs import upload_model
+from gpuflex.cli.inputs import upload_model
 from gpuflex.cli.main import app
 from gpuflex.coordinator.app import reap_once
 from gpuflex.coordinator.db import Account, Job

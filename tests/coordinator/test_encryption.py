@@ -15,7 +15,7 @@ from gpuflex.agent.runner import DATA_KEY
 from gpuflex.agent.sandbox import TaskProcess
 from gpuflex.auth.sealing import load_or_create
 from gpuflex.cli.data import upload_prepared
-from gpuflex.cli.jobs import upload_model
+from gpuflex.cli.inputs import upload_model
 from gpuflex.cli.keys import consumer_key, data_key, key_path, new_job_key, seal_requests
 from gpuflex.coordinator.app import reap_once
 from gpuflex.data.cache import ShardCache

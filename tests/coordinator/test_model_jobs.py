@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpuflex.cli.deploy import upload_served_model
-from gpuflex.cli.jobs import upload_model
+from gpuflex.cli.inputs import upload_model
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
 from gpuflex.protocol import messages as m

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuflex.data.fit import check_job
+from gpuflex.data.fit import check_job, check_text
 from gpuflex.data.manifest import Manifest, Shard, TokenizerInfo
 from gpuflex.errors import BadRequest
 from gpuflex.protocol.spec import parse_job_spec
@@ -83,3 +83,34 @@ def test_a_dataset_too_small_for_the_workers_is_refused_naming_the_numbers():
         check_job(manifest([100, 100], [30]), job(block_size=32))
     with pytest.raises(BadRequest, match="cannot be split among 4 workers"):
         check_job(manifest([2], [50]), job(workers=4, block_size=8))
+
+
+def text_job(
+    recipe: str = "char-gpt", workers: int = 1, block_size: int = 32, model_vocab: int | None = None
+):
+    """``job`` on text (``data.source``)."""
+    spec = job(recipe, workers, block_size, model_vocab).model_dump(by_alias=True, exclude_none=True)
+    return parse_job_spec({**spec, "data": {"source": "./text"}})
+
+
+def test_a_text_corpus_is_checked_by_its_last_tenth_and_each_workers_part_of_the_rest():
+    check_text(10_000, text_job(block_size=999))  # 1,000 validation bytes: one window of 1,000
+    with pytest.raises(BadRequest) as err:
+        check_text(10_000, text_job(block_size=1000))
+    assert err.value.message == (
+        "the dataset's validation split (1000 tokens in 1 shard(s)) is too small for block_size 1000: a "
+        "window is block_size + 1 = 1001 tokens within one shard; give more text (data.source, "
+        "data.max_bytes): its last tenth is the validation split"
+    )
+    check_text(10_000, text_job(workers=9, block_size=999))  # 9,000 train bytes: 1,000 a worker
+    with pytest.raises(BadRequest, match="too small for 10 workers x block_size 900: worker 0's part is 900"):
+        check_text(10_000, text_job(workers=10, block_size=900))
+    spec = text_job(block_size=4096)
+    user = spec.model_copy(update={"training": spec.training.model_copy(update={"recipe": "user"})})
+    check_text(10_000, user)  # a user recipe reads its corpus its own way
+
+
+def test_a_text_corpus_needs_a_model_that_embeds_every_byte():
+    check_text(10_000, text_job("hf-causal-lm", model_vocab=256))
+    with pytest.raises(BadRequest, match="vocabulary of 256 ids, more than the model's 200 embeddings"):
+        check_text(10_000, text_job("hf-causal-lm", model_vocab=200))

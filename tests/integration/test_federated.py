@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuflex.cli.jobs import upload_inputs
+from gpuflex.cli.inputs import upload_inputs
 from gpuflex.client import Client
 from gpuflex.data.manifest import read_manifest
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork

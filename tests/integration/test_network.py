@@ -39,7 +39,7 @@ def _start(net: LocalNetwork, community: int) -> Client:
 
 
 def _submit(client: Client, spec: JobSpec, tmp_path) -> str:
-    from gpuflex.cli.jobs import upload_inputs
+    from gpuflex.cli.inputs import upload_inputs
 
     return client.submit(spec, **upload_inputs(client, spec)).id
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from gpuflex.cli.jobs import upload_inputs
+from gpuflex.cli.inputs import upload_inputs
 from gpuflex.cli.watch import TERMINAL
 from gpuflex.client import Client
 from gpuflex.coordinator.db import Lease, make_engine, make_sessionmaker

@@ -1,7 +1,9 @@
 import pytest
 import torch
 
+from gpuflex.data.fit import check_text
 from gpuflex.errors import BadRequest
+from gpuflex.protocol.spec import JobSpec, parse_job_spec
 from gpuflex.train.data import ByteDataset, round_generator, sample_batch, validation_batches
 
 
@@ -29,6 +31,30 @@ def test_bad_shard_index_and_too_small_shards_are_bad_requests(corpus):
         ByteDataset(corpus[:300], block_size=32)
     with pytest.raises(BadRequest, match="empty"):
         ByteDataset(b"", block_size=32)
+
+
+def test_a_corpus_gpuflex_submit_passes_is_one_it_trains_on_and_the_next_it_refuses_too():
+    """``data.fit.check_text`` is what submit checks a corpus by, before it is uploaded."""
+    corpus, spec = b"x" * 10_000, _text_job(workers=9, block_size=999)
+    check_text(len(corpus), spec)
+    data = ByteDataset(corpus, block_size=999)
+    windows = [validation_batches(data.val, 1, 1, 999), *(data.shard(i, 9) for i in range(9))]
+    assert len(windows) == 10
+    with pytest.raises(BadRequest, match="validation split"):
+        check_text(len(corpus), _text_job(workers=1, block_size=1000))
+    with pytest.raises(BadRequest, match="validation split"):
+        ByteDataset(corpus, block_size=1000)
+
+
+def _text_job(workers: int, block_size: int) -> JobSpec:
+    return parse_job_spec(
+        {
+            "name": "t",
+            "resources": {"workers": workers},
+            "training": {"model": {"block_size": block_size}},
+            "data": {"source": "./text"},
+        }
+    )
 
 
 def test_batches_are_reproducible_per_seed_worker_and_round(corpus):

@@ -60,7 +60,7 @@ def _spec(data_dir: Path) -> JobSpec:
 
 def _start(net: LocalNetwork, data_dir: Path) -> tuple[Client, str, str, str]:
     """The network, alice with a running job, and bob; returns (alice, alice's token, bob's token, job id)."""
-    from gpuflex.cli.jobs import upload_inputs
+    from gpuflex.cli.inputs import upload_inputs
 
     url = net.start_coordinator()
     net.start_agent("core", price=0.4, core=True, extra=["--core-token", CORE_TOKEN])

@@ -8,6 +8,8 @@
 - ``account``      ``account create | use | profiles``, ``whoami``, ``wallet deposit | balance``
 - ``jobs``         ``submit``, ``quote``, ``jobs``, ``job show | logs | cancel | fetch | watch | report``,
                    ``offers``
+- ``inputs``       a job's model directory, data and recipe file: checked here and by the coordinator's
+                   check before anything large is uploaded, then uploaded
 - ``watch``        the live Rich view of a running job; ``report`` its PNG loss curve and cost table
 - ``ledger``       ``ledger export | verify`` (hashes, chain, balances and signatures, offline)
 - ``governance``   ``governance propose | vote`` (as a provider node), ``proposals | parameters``

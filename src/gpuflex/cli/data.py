@@ -8,10 +8,11 @@ It tokenizes the inputs with ``gpuflex.data.prepare`` into token shards and a ``
 ``-o``, with a progress bar of the bytes read and the tokens written, and prints what it wrote.
 pyarrow and tokenizers are imported only when the command runs.
 
-``upload_prepared`` is ``gpuflex submit``'s side of a job with ``data.prepared``: it checks every shard
-against the manifest and the manifest against the job, then uploads only the blobs the coordinator
-lacks (one ``POST /v1/blobs/missing`` for all of them), so an interrupted upload or a second job on the
-same data sends nothing twice.
+``check_prepared`` and ``send_prepared`` are ``gpuflex submit``'s side of a job with ``data.prepared``:
+the first checks every shard against the manifest and the manifest against the job, before anything
+large is uploaded; the second uploads only the blobs the coordinator lacks (one ``POST
+/v1/blobs/missing`` for all of them), so an interrupted upload or a second job on the same data sends
+nothing twice.
 """
 
 from __future__ import annotations
@@ -140,31 +141,68 @@ class Uploaded:
     sent_bytes: int
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared dataset checked here: every shard's hash, and the manifest against the job."""
+
+    directory: Path
+    manifest: Manifest
+
+
 def upload_prepared(
     client: Client, spec: JobSpec, directory: Path, seal: Callable[[bytes], bytes] | None = None
 ) -> Uploaded:
-    """Check the prepared dataset in ``directory`` (every shard's hash, and ``data.fit``'s rules for
-    ``spec``), then upload the shards and the manifest that the blob store lacks, with a progress bar.
+    """Check the prepared dataset in ``directory`` (``check_prepared``, ``stage_prepared``), then upload
+    what the blob store lacks of it (``send_prepared``)."""
+    prepared = check_prepared(spec, directory)
+    stage_prepared(client, prepared, sealed=seal is not None)
+    return send_prepared(client, prepared, seal)
 
-    With ``seal`` (``privacy.encrypt``), every shard is sent through it (none is in the store: each
-    ciphertext is new) and the manifest sent names each shard by its ciphertext's hash, through it too."""
+
+def check_prepared(spec: JobSpec, directory: Path) -> Prepared:
+    """The prepared dataset in ``directory``, checked against ``spec`` (``data.fit``'s rules, the model's
+    vocabulary as ``model.size`` counts it) and every shard against its hash, with a progress bar."""
     from gpuflex.data.fit import check_job
 
     manifest = read_manifest(directory)
     check_job(manifest, spec)
     shards = manifest.train + manifest.validation
     itemsize = numpy_dtype(manifest.dtype).itemsize
-    with Progress(
-        TextColumn("[bold]{task.description:>9}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        console=console,
-    ) as bar:  # fmt: skip
+    with _progress() as bar:
         checking = bar.add_task("checking", total=manifest.tokens * itemsize)
         for shard in shards:
             _check_shard(directory, shard, lambda n: bar.update(checking, advance=n))
-        keys = [] if seal is not None else [s.sha256 for s in shards] + [manifest.digest]
-        missing = client.missing_blobs(keys)
-        lacking = [s for s in shards if seal is not None or s.sha256 in set(missing.keys)]
-        _refuse_too_large(lacking, itemsize, missing.max_blob_bytes)
+    return Prepared(directory, manifest)
+
+
+def stage_prepared(client: Client, prepared: Prepared, *, sealed: bool) -> str:
+    """What is checked of a dataset before anything large is uploaded: no shard is over the coordinator's
+    blob limit, and (unless ``sealed``: the coordinator never reads an encrypted job's) its manifest,
+    small, is in the store for ``POST /v1/jobs/check`` to read. Returns the manifest's hash."""
+    manifest = prepared.manifest
+    answer = client.missing_blobs([] if sealed else [manifest.digest])
+    itemsize = numpy_dtype(manifest.dtype).itemsize
+    _refuse_too_large(manifest.train + manifest.validation, itemsize, answer.max_blob_bytes)
+    if answer.keys:
+        client.upload(manifest.to_bytes())
+    return manifest.digest
+
+
+def send_prepared(
+    client: Client, prepared: Prepared, seal: Callable[[bytes], bytes] | None = None
+) -> Uploaded:
+    """Upload the shards and the manifest of a dataset checked and staged that the blob store lacks, with a
+    progress bar.
+
+    With ``seal`` (``privacy.encrypt``), every shard is sent through it (none is in the store: each
+    ciphertext is new) and the manifest sent names each shard by its ciphertext's hash, through it too."""
+    directory, manifest = prepared.directory, prepared.manifest
+    shards = manifest.train + manifest.validation
+    itemsize = numpy_dtype(manifest.dtype).itemsize
+    keys = [] if seal is not None else [s.sha256 for s in shards] + [manifest.digest]
+    missing = client.missing_blobs(keys)
+    lacking = [s for s in shards if seal is not None or s.sha256 in set(missing.keys)]
+    with _progress() as bar:
         sending = bar.add_task("uploading", total=sum(s.tokens for s in lacking) * itemsize)
         stored: dict[str, str] = {}  # a shard's hash -> the hash it is stored by
         for shard in lacking:
@@ -178,6 +216,13 @@ def upload_prepared(
     if manifest.digest in missing.keys:
         client.upload(manifest.to_bytes())
     return Uploaded(manifest.digest, len(shards), len(lacking), sent_bytes)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description:>9}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        console=console,
+    )  # fmt: skip
 
 
 def _renamed(manifest: Manifest, stored: dict[str, str]) -> Manifest:

@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuflex.auth.signing import NodeKey
-from gpuflex.cli.jobs import upload_inputs, verdict_table
+from gpuflex.cli.inputs import upload_inputs
+from gpuflex.cli.jobs import verdict_table
 from gpuflex.cli.watch import watch_job
 from gpuflex.client import Client, NodeClient
 from gpuflex.errors import BadRequest, GPUFlexError, ServiceError

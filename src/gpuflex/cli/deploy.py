@@ -11,7 +11,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from gpuflex.cli.jobs import print_events, upload_model, verdict_table
+from gpuflex.cli.inputs import upload_model
+from gpuflex.cli.jobs import print_events, verdict_table
 from gpuflex.cli.options import Dtype, Token, Url
 from gpuflex.cli.output import Json, at_least, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client, resolve
@@ -63,16 +64,15 @@ def _check_directory(model: Path) -> None:
     is_adapter(model)
 
 
-def _upload(
-    client: Client, online: list[Offer], model: Path, context: int, max_batch: int, dtype: str
-) -> DeployedModel:
-    """``--model DIR`` checked, sized and uploaded (a LoRA adapter merged into its base first); refused
-    before anything is uploaded when no ``online`` node could hold a replica."""
-    from gpuflex.train.export import whole_model  # torch and transformers: only when a directory is deployed
-
-    with whole_model(model) as directory:
-        _check_fits(online, _size(directory), context, max_batch, dtype)
-        return upload_served_model(client, directory)
+def _spec(fields: dict[str, object], name: str, served: DeployedModel) -> DeploymentSpec:
+    """The deployment of ``served`` named ``name`` with the command's ``fields``, checked as the
+    coordinator checks it (one line naming the field, for an invalid one)."""
+    try:
+        return DeploymentSpec.model_validate(
+            {"name": name, "model": served.model_dump(exclude_none=True), **fields}
+        )
+    except ValidationError as err:
+        raise BadRequest(f"invalid deployment: {describe_validation_error(err, DeploymentSpec)}") from None
 
 
 def _check_fits(
@@ -157,16 +157,7 @@ def deploy(
     online = [o for o in client.offers() if o.state == "online"]  # what the checks before any upload read
     _check_budget(online, replicas, max_price, budget)
     max_batch = DeploymentSpec.model_fields["max_batch"].default
-    if job_id is not None:  # named after the job, never after the prefix it was given by
-        job = client.job(job_id)
-        _check_fits(online, job.spec.training.model.size, context, max_batch, dtype)
-        served, default_name = DeployedModel(job=job_id), job.name
-    else:
-        served = _upload(client, online, model, context, max_batch, dtype)
-        default_name = model.expanduser().resolve().name
     fields = {
-        "name": name or default_name,
-        "model": served.model_dump(exclude_none=True),
         "replicas": replicas,
         "max_price_per_hour": max_price,
         "budget": budget,
@@ -174,11 +165,21 @@ def deploy(
         "audit_rate": audit_rate,
         "dtype": dtype,
     }
-    try:
-        spec = DeploymentSpec.model_validate(fields)
-    except ValidationError as err:
-        raise BadRequest(f"invalid deployment: {describe_validation_error(err, DeploymentSpec)}") from None
-    d = client.deploy(spec)
+    if job_id is not None:  # named after the job, never after the prefix it was given by
+        job = client.job(job_id)
+        _check_fits(online, job.spec.training.model.size, context, max_batch, dtype)
+        d = client.deploy(_spec(fields, name or job.name, DeployedModel(job=job_id)))
+    else:
+        from gpuflex.train.export import whole_model  # torch, transformers: only when a directory is deployed
+
+        with whole_model(model) as directory:  # a LoRA adapter merged into its base first
+            size = _size(directory)
+            _check_fits(online, size, context, max_batch, dtype)
+            sized = DeployedModel(from_=str(directory), size=size)
+            spec = _spec(fields, name or model.expanduser().resolve().name, sized)
+            client.check_deploy(spec)  # what the coordinator would refuse, before the model goes up
+            served = upload_served_model(client, directory)
+        d = client.deploy(spec.model_copy(update={"model": served}))
     console.print(
         f"deployed [bold]{d.id}[/] ({d.name}): {d.model}, {d.replicas} replicas; "
         f"budget {credits(d.budget)} credits in escrow"

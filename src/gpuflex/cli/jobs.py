@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuflex.cli import keys as data_keys
-from gpuflex.cli.data import upload_prepared
+from gpuflex.cli.inputs import check_inputs, read_inputs, upload_model, upload_read
 from gpuflex.cli.options import Token, Url
 from gpuflex.cli.output import Json, at_least, credits, print_json, settled, table
 from gpuflex.cli.profile import consumer_client
@@ -23,7 +22,6 @@ from gpuflex.cli.report import cost_table, write_report
 from gpuflex.cli.watch import EXIT_CODES, TERMINAL, watch_job
 from gpuflex.client import Client
 from gpuflex.errors import BadRequest
-from gpuflex.privacy.envelope import BLOB_OVERHEAD
 from gpuflex.protocol.messages import DPStatus, JobEvent, JobInfo, Quote, Verdict
 from gpuflex.protocol.spec import JobSpec, load_job_spec
 
@@ -31,93 +29,6 @@ job_app = typer.Typer(help="Follow and manage one job.", no_args_is_help=True)
 console = Console()
 JobId = Annotated[str, typer.Argument(help="job id as `gpuflex jobs` lists it, or any unique prefix of it")]
 job_app.command("keys")(data_keys.keys)
-
-
-def upload_inputs(
-    client: Client, spec: JobSpec, seal: Callable[[bytes], bytes] | None = None
-) -> dict[str, str | None]:
-    """Upload the job's data — a prepared dataset's shards the blob store lacks and its manifest, or the
-    corpus built from ``data.source`` (unless ``none``) — and its user recipe file, from this machine,
-    each through ``seal`` (``privacy.encrypt``: under the job's data key); returns the ``dataset`` and
-    ``recipe_code`` hashes to submit with."""
-    from gpuflex.train.corpus import build_corpus
-
-    def upload(data: bytes) -> str:
-        return client.upload(seal(data) if seal is not None else data)
-
-    dataset = None
-    if spec.data.prepared is not None:
-        up = upload_prepared(client, spec, Path(spec.data.prepared).expanduser(), seal)
-        sent = _uploaded(up.sent, up.shards, "shards", f"{up.sent_bytes:,} bytes")
-        console.print(f"dataset {up.manifest}: {sent}", highlight=False)
-        dataset = up.manifest
-    elif spec.data.source is not None and spec.data.source != "none":
-        corpus = build_corpus(spec.data.source, spec.data.max_bytes, spec.data.extensions)
-        dataset = upload(corpus)
-    recipe_code = None
-    if spec.training.recipe_file is not None:
-        try:
-            recipe_code = upload(Path(spec.training.recipe_file).read_bytes())
-        except OSError as err:
-            raise BadRequest(f"cannot read recipe_file {spec.training.recipe_file}: {err.strerror}") from None
-    return {"dataset": dataset, "recipe_code": recipe_code}
-
-
-def upload_model(client: Client, spec: JobSpec, key: data_keys.JobKey | None = None) -> JobSpec:
-    """With ``training.model.from``: check and size the model directory here (``train.pretrained``), upload
-    what the blob store lacks of it (files cut into parts at the store's blob limit, one part in memory at
-    a time), and return the spec naming it (``model.size``, ``model.uploaded``; ``from`` made absolute, for
-    ``job fetch --format hf``). Without it, ``spec`` as it is.
-
-    With ``key`` (``privacy.encrypt``) every part and the manifest go up encrypted under it, all of them
-    (fresh ciphertexts are in no store yet): the coordinator then holds the consumer's word for the size
-    (counted here, as always) and the manifest's ciphertext, never a file's bytes or name (the
-    directory's own path stays in the spec: `job fetch --format hf` looks for the base there)."""
-    if spec.training.model.from_ is None:
-        return spec
-    from gpuflex.protocol.spec import UploadedModel
-    from gpuflex.train.pretrained import bundle_model, with_model
-
-    root = Path(spec.training.model.from_).expanduser().resolve()
-    training = with_model(spec.training, from_=str(root))
-    limit = client.missing_blobs([]).max_blob_bytes
-    part_bytes = limit if key is None else limit - BLOB_OVERHEAD  # a sealed part still fits the limit
-    training, bundle, parts = bundle_model(root, training, part_bytes)
-    if key is None:
-        missing = set(client.missing_blobs([p.sha256 for p in parts]).keys)
-        sent = 0
-        for part in parts:
-            if part.sha256 in missing:
-                client.upload(part.read())
-                sent += part.size
-        client.upload(bundle.to_bytes())
-        stored = _uploaded(len(missing), len(parts), "blobs", f"{sent / 1e6:.1f} MB")
-    else:
-        sealed = {part.sha256: client.upload(key.seal(part.read())) for part in parts}
-        manifest = client.upload(key.seal(bundle.stored_as(sealed).to_bytes()))
-        plain_digest = key.digest(bundle.to_bytes())
-        uploaded = UploadedModel(manifest=manifest, part_bytes=part_bytes, plain_digest=plain_digest)
-        training = with_model(training, uploaded=uploaded)
-        megabytes = sum(p.size for p in parts) / 1e6
-        stored = f"encrypted here and uploaded as {len(parts)} blobs ({megabytes:.1f} MB)"
-    size = training.model.size
-    assert size is not None, "bundle_model sizes the model"
-    trained = f" ({size.trainable:,} trained)" if size.trainable < size.parameters else ""
-    console.print(
-        f"model {root}: {size.parameters:,} parameters{trained}, {len(bundle.files)} files; {stored}",
-        highlight=False,
-    )
-    return spec.model_copy(update={"training": training})
-
-
-def _uploaded(sent: int, total: int, what: str, size: str) -> str:
-    """What an upload of ``total`` blobs sent, ``size`` in all: every one, some (the others were stored
-    already), or none."""
-    if sent == total:
-        return f"uploaded {total} {what} ({size})"
-    if sent == 0:
-        return f"all {total} {what} already stored, none uploaded"
-    return f"uploaded {sent} of {total} {what} ({size}), the other {total - sent} already stored"
 
 
 def submit(
@@ -138,15 +49,19 @@ def submit(
 
     With --watch, exit code: 0 completed, 3 failed, 4 cancelled, 5 out_of_budget, 130 stopped watching
     (Ctrl-C; the job goes on)."""
-    spec = load_job_spec(spec_file)
+    spec = _sized(load_job_spec(spec_file))
     client = consumer_client(url, token)
-    # before anything is uploaded or spent: what the job's first placement will find, what its budget buys
-    q = _quoted(client, _sized(spec))
+    # before anything large is uploaded or anything spent: what the job's first placement will find, what
+    # its budget buys, what this machine can check of its data, and every rule the coordinator applies
+    q = _quoted(client, spec)
     unplaced, short = ([], None) if q is None else (_unplaced(q), _short_budget(q, spec.training.rounds))
     key = data_keys.new_job_key() if spec.privacy.encrypt else None
+    sealed_key = key.sealed if key is not None else None
+    inputs = read_inputs(spec)
+    check_inputs(client, spec, inputs, sealed_key)
     spec = upload_model(client, spec, key)
-    inputs = upload_inputs(client, spec, key.seal if key is not None else None)
-    job = client.submit(spec, **inputs, sealed_key=key.sealed if key is not None else None)
+    uploaded = upload_read(client, inputs, key.seal if key is not None else None)
+    job = client.submit(spec, **uploaded, sealed_key=sealed_key)
     console.print(
         f"submitted job [bold]{job.id}[/] ({job.name}); budget {credits(job.budget)} credits in escrow"
     )

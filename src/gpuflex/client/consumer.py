@@ -66,9 +66,20 @@ class Client:
     ) -> m.JobInfo:
         """Submit a job whose inputs (dataset, user recipe file) are already uploaded; ``sealed_key``: an
         encrypted job's data key sealed to the consumer."""
-        msg = m.JobSubmit(spec=spec, dataset=dataset, recipe_code=recipe_code, sealed_key=sealed_key)
-        body = msg.model_dump(mode="json")
+        body = _submission(spec, dataset, recipe_code, sealed_key)
         return m.JobInfo.model_validate(self.http.request("POST", "/v1/jobs", json=body).json())
+
+    def check_submit(
+        self,
+        spec: JobSpec,
+        dataset: str | None = None,
+        recipe_code: str | None = None,
+        sealed_key: str | None = None,
+    ) -> None:
+        """Raise what ``submit`` would refuse, before the job's model and data are uploaded (only a prepared
+        dataset's manifest need be; ``model.from`` only sized); nothing is written or spent."""
+        body = _submission(spec, dataset, recipe_code, sealed_key)
+        self.http.request("POST", "/v1/jobs/check", json=body)
 
     def jobs(self) -> list[m.JobInfo]:
         return [m.JobInfo.model_validate(j) for j in self.http.request("GET", "/v1/jobs").json()]
@@ -103,6 +114,12 @@ class Client:
         """Create a deployment whose model (``model.from``'s directory) is already uploaded."""
         body = m.DeploymentCreate(spec=spec).model_dump(mode="json")
         return m.DeploymentInfo.model_validate(self.http.request("POST", "/v1/deployments", json=body).json())
+
+    def check_deploy(self, spec: DeploymentSpec) -> None:
+        """Raise what ``deploy`` would refuse, before ``model.from``'s directory is uploaded (only sized);
+        nothing is written or spent."""
+        body = m.DeploymentCreate(spec=spec).model_dump(mode="json")
+        self.http.request("POST", "/v1/deployments/check", json=body)
 
     def deployments(self) -> list[m.DeploymentInfo]:
         rows = self.http.request("GET", "/v1/deployments").json()
@@ -179,3 +196,10 @@ class Client:
         """The governable parameters in force now, with the changes scheduled."""
         response = self.http.request("GET", "/v1/governance/parameters")
         return [m.ParameterInfo.model_validate(p) for p in response.json()]
+
+
+def _submission(
+    spec: JobSpec, dataset: str | None, recipe_code: str | None, sealed_key: str | None
+) -> dict[str, object]:
+    msg = m.JobSubmit(spec=spec, dataset=dataset, recipe_code=recipe_code, sealed_key=sealed_key)
+    return msg.model_dump(mode="json")

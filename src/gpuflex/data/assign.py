@@ -72,9 +72,16 @@ def window_count(lengths: Sequence[int], block_size: int) -> int:
     return sum(max(n - block_size, 0) for n in lengths)
 
 
-def check_fits(train: Sequence[int], validation: Sequence[int], workers: int, block_size: int) -> None:
+def check_fits(
+    train: Sequence[int],
+    validation: Sequence[int],
+    workers: int,
+    block_size: int,
+    more_validation: str = "prepare with more --val-tokens",
+) -> None:
     """BadRequest, naming the numbers, unless every worker's part (of train shards holding ``train`` tokens
-    each) and the validation shards (``validation``) hold a window of ``block_size + 1`` tokens."""
+    each) and the validation shards (``validation``) hold a window of ``block_size + 1`` tokens;
+    ``more_validation`` says how to get a longer validation split."""
     need = f"a window is block_size + 1 = {block_size + 1} tokens within one shard"
     for worker in range(workers):
         spans = assign(train, worker, workers)
@@ -89,7 +96,7 @@ def check_fits(train: Sequence[int], validation: Sequence[int], workers: int, bl
     if not window_count(validation, block_size):
         raise BadRequest(
             f"the dataset's validation split ({sum(validation)} tokens in {len(validation)} shard(s)) is too "
-            f"small for block_size {block_size}: {need}; prepare with more --val-tokens"
+            f"small for block_size {block_size}: {need}; {more_validation}"
         )
 
 

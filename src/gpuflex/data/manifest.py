@@ -65,6 +65,9 @@ class TokenizerInfo(_Strict):
         return self
 
 
+BYTE_TOKENIZER = TokenizerInfo(kind="bytes", hash="bytes", vocab_size=BYTE_VOCAB, eos_id=ord("\n"))
+
+
 class Shard(_Strict):
     file: Annotated[str, Field(pattern=r"^(train|validation)-\d{5}\.bin$")]
     sha256: Sha256

@@ -22,7 +22,7 @@ import tokenizers
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 
-from gpuflex.data.manifest import BYTE_VOCAB, TokenizerInfo, dtype_for, numpy_dtype
+from gpuflex.data.manifest import BYTE_TOKENIZER, TokenizerInfo, dtype_for, numpy_dtype
 from gpuflex.errors import BadRequest
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -50,7 +50,7 @@ class Tokenizer(ABC):
 
 
 class ByteTokenizer(Tokenizer):
-    info = TokenizerInfo(kind="bytes", hash="bytes", vocab_size=BYTE_VOCAB, eos_id=ord("\n"))
+    info = BYTE_TOKENIZER
 
     def encode(self, documents: Sequence[str]) -> np.ndarray:
         data = "".join(d + "\n" for d in documents).encode()

@@ -13,25 +13,25 @@ import hashlib
 import torch
 from torch import Tensor
 
+from gpuflex.data.fit import text_split
 from gpuflex.errors import BadRequest
 
 VOCAB_SIZE = 256
-VAL_FRACTION = 0.1
 
 Batch = tuple[Tensor, Tensor]  # inputs and next-byte targets, both (batch, block) int64
 
 
 class ByteDataset:
-    """A corpus as bytes, split into train (first 90%) and validation (last 10%)."""
+    """A corpus as bytes, split into train (first 90%) and validation (last 10%): ``data.fit.text_split``."""
 
     def __init__(self, corpus: bytes, block_size: int):
         if not corpus:
             raise BadRequest("the dataset is empty")
         tokens = torch.frombuffer(bytearray(corpus), dtype=torch.uint8)
-        n_val = int(len(tokens) * VAL_FRACTION)
+        n_train, _ = text_split(len(tokens))  # the split ``gpuflex submit`` checks the corpus by
         self.block_size = block_size
-        self.train = tokens[: len(tokens) - n_val]
-        self.val = tokens[len(tokens) - n_val :]
+        self.train = tokens[:n_train]
+        self.val = tokens[n_train:]
         _check_long_enough(self.val, block_size, "the validation split")
 
     def shard(self, worker_index: int, num_workers: int) -> Tensor:
@@ -73,7 +73,9 @@ def _windows(tokens: Tensor, starts: Tensor, block_size: int) -> Batch:
 
 
 def _check_long_enough(tokens: Tensor, block_size: int, what: str) -> None:
-    if len(tokens) < block_size + 2:
+    """At least one window of ``block_size + 1`` bytes: ``data.assign.check_fits``'s rule, which ``gpuflex
+    submit`` checks a corpus by."""
+    if len(tokens) < block_size + 1:
         raise BadRequest(
             f"{what} has {len(tokens)} bytes, too few for block_size {block_size}: "
             "use a larger corpus, fewer workers or a smaller block_size"

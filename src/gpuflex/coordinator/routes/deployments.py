@@ -24,6 +24,15 @@ def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.Deploymen
     return info
 
 
+@router.post("/check", status_code=204, responses=errors(402))
+def check(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> None:
+    """Refuse now, as ``POST /v1/deployments`` would, a deployment whose model directory is not uploaded
+    yet (only sized); nothing is written or spent (204: it would be accepted). ``gpuflex deploy --model``
+    asks it before uploading."""
+    with ctx.read() as s:
+        deployments.check(s, account, body, ctx.blobs)
+
+
 @router.post("/keys/{key_id}/claim", responses=errors(404, 409))
 def claim_key(key_id: str, account: Consumer, ctx: Ctx) -> m.DeploymentKeyCreated:
     """The secret of an API key another account's deployment made for you (you pay its prices); shown

@@ -26,6 +26,16 @@ def submit(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> m.JobInfo:
     return info
 
 
+@router.post("/check", status_code=204, responses=errors(402))
+def check(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> None:
+    """Refuse now, as ``POST /v1/jobs`` would, a submission whose blobs are not uploaded yet; nothing is
+    written or spent (204: it would be accepted once they are). ``gpuflex submit`` asks it before uploading
+    a model or data: a prepared dataset's manifest must be uploaded, the rest need not be."""
+    jobs.check_dataset(body, ctx.blobs, stored=False)
+    with ctx.read() as s:
+        jobs.check(s, account, body, ctx.blobs)
+
+
 @router.get("")
 def list_jobs(account: Consumer, ctx: Ctx) -> list[m.JobInfo]:
     with ctx.tx() as s:

@@ -27,7 +27,7 @@ from gpuflex.coordinator.services.market import OPEN_JOB_STATES
 from gpuflex.errors import BadRequest, Conflict
 from gpuflex.market.pricing import parameter_count
 from gpuflex.protocol import messages as m
-from gpuflex.protocol.deployment import DeployedModel
+from gpuflex.protocol.deployment import DeployedModel, DeploymentSpec
 from gpuflex.protocol.money import to_credits, to_micro
 from gpuflex.protocol.relay import ReplicaPhase
 from gpuflex.protocol.spec import ModelSize
@@ -42,11 +42,7 @@ DOING = {"": "starting on its node", "downloading": "downloading the model", "lo
 
 def create(session: Session, account: Account, msg: m.DeploymentCreate, blobs: BlobStore, now: float) -> Job:
     """A deployment with its budget in escrow and one pending server task per replica."""
-    spec = msg.spec
-    if spec.model.job is not None:
-        spec = spec.model_copy(update={"model": _pin_job(session, account, spec.model)})
-    else:
-        jobs.check_uploaded_model(spec.model.uploaded, spec.model.size, blobs, "model.from")
+    spec = _admit(session, account, msg, blobs, stored=True)
     deployment = Job(
         id=new_id("d"),
         account_id=account.id,
@@ -65,6 +61,25 @@ def create(session: Session, account: Account, msg: m.DeploymentCreate, blobs: B
     message = f"created by {account.name}; budget in escrow"
     session.add(JobEvent(job_id=deployment.id, at=now, message=message))
     return deployment
+
+
+def check(session: Session, account: Account, msg: m.DeploymentCreate, blobs: BlobStore) -> None:
+    """Refuse now what ``create`` would refuse of ``msg`` once its model directory is uploaded, writing
+    nothing: the model it names and a wallet short of its budget. The CLI asks it before uploading."""
+    _admit(session, account, msg, blobs, stored=False)
+    jobs.covers(session, account, to_micro(msg.spec.budget))
+
+
+def _admit(
+    session: Session, account: Account, msg: m.DeploymentCreate, blobs: BlobStore, *, stored: bool
+) -> DeploymentSpec:
+    """The spec to create: a training job's model pinned, or a model directory checked (``stored``: its
+    blobs in the store; else sized, before its upload)."""
+    spec = msg.spec
+    if spec.model.job is not None:
+        return spec.model_copy(update={"model": _pin_job(session, account, spec.model)})
+    jobs.check_uploaded_model(spec.model.uploaded, spec.model.size, blobs, "model.from", stored=stored)
+    return spec
 
 
 def _pin_job(session: Session, account: Account, model: DeployedModel) -> DeployedModel:

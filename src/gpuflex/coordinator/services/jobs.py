@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -33,25 +34,45 @@ from gpuflex.data.manifest import parse_manifest
 from gpuflex.errors import BadRequest, Conflict, InsufficientFunds
 from gpuflex.ledger import accounts
 from gpuflex.ledger.settlement import scale_to, settle_job
+from gpuflex.market.federated import Owners
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.money import format_credits, to_credits, to_micro
-from gpuflex.protocol.spec import ModelSize, UploadedModel
+from gpuflex.protocol.spec import JobSpec, ModelSize, UploadedModel
 from gpuflex.storage import BlobStore
 from gpuflex.storage.bundles import Bundle, model_problem
 
 MAX_TASK_FAILURES = 3
 
 
-def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStore, now: float) -> Job:
-    for what, digest in (("dataset", msg.dataset), ("recipe code", msg.recipe_code)):
-        if digest is not None and not blobs.exists(digest):
-            raise BadRequest(f"{what} blob {digest} is not in the blob store: upload it first")
+@dataclass(frozen=True)
+class Admitted:
+    """A submission that passed every rule before money moves: its spec (a federated job's with its
+    owners' count), the owners, the DP log line and the sealed data key."""
+
+    spec: JobSpec
+    owners: Owners | None
+    privacy: str | None
+    sealed_key: str | None
+
+
+def admit(
+    session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStore, *, stored: bool
+) -> Admitted:
+    """Every rule a submission must pass before money moves. Not yet ``stored`` (``check``: asked before
+    anything large is uploaded), the blobs it names need not be in the store: what they are is checked
+    without them (a prepared dataset's manifest by ``check_dataset``, a model directory by its size)."""
+    if stored:
+        for what, digest in (("dataset", msg.dataset), ("recipe code", msg.recipe_code)):
+            if digest is not None and not blobs.exists(digest):
+                raise BadRequest(f"{what} blob {digest} is not in the blob store: upload it first")
     if (msg.spec.training.recipe == "user") != (msg.recipe_code is not None):
         raise BadRequest("recipe 'user' needs its recipe code uploaded, and only it takes recipe code")
     if msg.spec.training.model.from_ is not None:
         model = msg.spec.training.model
         sealed = msg.spec.privacy.encrypt
-        check_uploaded_model(model.uploaded, model.size, blobs, "training.model.from", readable=not sealed)
+        check_uploaded_model(
+            model.uploaded, model.size, blobs, "training.model.from", readable=not sealed, stored=stored
+        )
     spec, owners = msg.spec, None
     privacy = dp.submitted(spec)  # a DP setting the accountant refuses is refused before money moves
     sealed_key = keys.submitted(msg)
@@ -61,6 +82,12 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         owners = federated.owners(session, spec, account)
         spec = federated.with_owners(spec, owners)
         secure.threshold(spec)  # too few owners for secure aggregation: refused before money moves
+    return Admitted(spec, owners, privacy, sealed_key)
+
+
+def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStore, now: float) -> Job:
+    admitted = admit(session, account, msg, blobs, stored=True)
+    spec, owners, privacy = admitted.spec, admitted.owners, admitted.privacy
     job = Job(
         id=new_id("j"),
         account_id=account.id,
@@ -68,7 +95,7 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
         spec=spec.model_dump(mode="json"),
         dataset=msg.dataset,
         recipe_code=msg.recipe_code,
-        sealed_key=sealed_key,
+        sealed_key=admitted.sealed_key,
         state="pending",
         reason="",
         created_at=now,
@@ -90,6 +117,13 @@ def submit(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStor
     return job
 
 
+def check(session: Session, account: Account, msg: m.JobSubmit, blobs: BlobStore) -> None:
+    """Refuse now what ``submit`` would refuse of ``msg`` once its blobs are uploaded, writing nothing:
+    its rules (``admit``) and a wallet short of its budget. The CLI asks it before the first large upload."""
+    admit(session, account, msg, blobs, stored=False)
+    covers(session, account, to_micro(msg.spec.budget))
+
+
 def escrow(session: Session, account: Account, job: Job, now: float) -> None:
     """Add a new job (or deployment) row and move its budget from its owner's wallet into its escrow; a
     wallet that can't cover it is a 402 that says how much to deposit."""
@@ -108,10 +142,18 @@ def escrow(session: Session, account: Account, job: Job, now: float) -> None:
         raise InsufficientFunds(_short_of(ledger.balance(session, wallet), job.budget_micro)) from None
 
 
-def check_dataset(msg: m.JobSubmit, blobs: BlobStore) -> None:
+def covers(session: Session, account: Account, budget_micro: int) -> None:
+    """402, in ``escrow``'s words, unless ``account``'s wallet holds ``budget_micro``; nothing moves."""
+    balance = ledger.balance(session, accounts.consumer(account.id))
+    if balance < budget_micro:
+        raise InsufficientFunds(_short_of(balance, budget_micro))
+
+
+def check_dataset(msg: m.JobSubmit, blobs: BlobStore, *, stored: bool = True) -> None:
     """A job on a prepared dataset: its manifest blob parses, fits the job (``data.fit``: the tokenizer
-    the model, the tokens the workers and block size), and every shard it names is in the store. An
-    encrypted one's manifest is ciphertext here: the consumer's CLI checked it before encrypting it."""
+    the model, the tokens the workers and block size), and, once ``stored``, every shard it names is in
+    the store (a check before the upload has the manifest alone, which is small). An encrypted one's
+    manifest is ciphertext here: the consumer's CLI checked it before encrypting it."""
     if msg.spec.data.prepared is None or msg.sealed_key is not None:
         return
     if msg.dataset is None:
@@ -120,6 +162,8 @@ def check_dataset(msg: m.JobSubmit, blobs: BlobStore) -> None:
         raise BadRequest(f"dataset blob {msg.dataset} is not in the blob store: upload it first")
     manifest = parse_manifest(blobs.get(msg.dataset), f"dataset blob {msg.dataset} (a prepared manifest)")
     check_job(manifest, msg.spec)
+    if not stored:
+        return
     shards = manifest.train + manifest.validation
     absent = [s for s in shards if not blobs.exists(s.sha256)]
     if absent:
@@ -137,12 +181,19 @@ def check_uploaded_model(
     blobs: BlobStore,
     field: str,
     readable: bool = True,
+    *,
+    stored: bool = True,
 ) -> None:
     """A job's ``training.model.from`` or a deployment's ``model.from`` (``field``) names an uploaded model
     directory whose every blob the store holds, with a config.json and safetensors weights (the CLI
     uploads it); whether transformers builds it is checked by the CLI, which has transformers. An
     encrypted job's manifest is ciphertext here (not ``readable``): the consumer's CLI checked the
-    directory before encrypting it, and a part missing fails the job's first task, not the submit."""
+    directory before encrypting it, and a part missing fails the job's first task, not the submit. Not yet
+    ``stored`` (a check before the upload), the directory need only be sized: the CLI checked its files."""
+    if not stored:
+        if size is None:
+            raise BadRequest(f"{field}: the model directory is not sized (the CLI sizes it)")
+        return
     if uploaded is None or size is None:
         raise BadRequest(f"{field}: the model directory is not uploaded (the CLI uploads it)")
     if not blobs.exists(uploaded.manifest):

@@ -76,7 +76,7 @@ def federated_data(config: TaskConfig, reader: ShardReader | None) -> TaskData:
             f"the private dataset {config.federated!r} in {reader.directory} changed since its node "
             f"announced it (manifest {manifest.digest}, announced {config.dataset}): restart the provider"
         )
-    check_tokenizer(manifest, spec)
+    check_tokenizer(manifest.tokenizer, spec)
     check_fits(
         [s.tokens for s in manifest.train], [s.tokens for s in manifest.validation], 1, spec.model.block_size
     )

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from gpuflex.cli.jobs import upload_inputs
+from gpuflex.cli.inputs import upload_inputs
 from gpuflex.client import Client
 from gpuflex.coordinator.db import Job, make_engine, make_sessionmaker
 from gpuflex.localnet import CORE_TOKEN, LocalNetwork

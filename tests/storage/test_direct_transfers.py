@@ -1,0 +1,127 @@
+"""A coordinator on S3 (moto's server on loopback) signs URLs instead of carrying blob bytes: only for a
+caller the usual rules let read or write the blob, and it counts what it signed for. The SDK follows
+them without the API's credentials, and checks every read's sha256."""
+
+import hashlib
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tests.coordinator.conftest import running_coordinator
+
+from gpuflex.client import direct
+from gpuflex.coordinator.app import create_app
+from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.errors import HashMismatch, ServiceError
+from gpuflex.localnet import free_port
+from gpuflex.protocol import messages as m
+from gpuflex.protocol.spec import JobSpec
+from gpuflex.storage import FsspecBlobStore
+
+from .conftest import s3_options
+
+CORPUS = b"corpus " * 2000
+MODEL = b"\x01" * 4096
+
+
+@pytest.fixture
+def coordinator(tmp_path, s3_bucket, s3_endpoint):
+    store = FsspecBlobStore(s3_bucket, **s3_options(s3_endpoint), skip_instance_cache=True)
+    with running_coordinator(f"sqlite:///{tmp_path / 'gpuflex.db'}", tmp_path, blobs=store) as harness:
+        yield harness
+
+
+def _bytes(http: httpx.Client) -> dict[str, float]:
+    """The coordinator's blob byte counters: through it (in, out) and signed for (signed_in, signed_out)."""
+    samples = {
+        (s.name, s.labels.get("direction")): s.value
+        for family in text_string_to_metric_families(http.get("/metrics").text)
+        for s in family.samples
+    }
+    return {
+        "in": samples.get(("gpuflex_blob_bytes_in_total", None), 0),
+        "out": samples.get(("gpuflex_blob_bytes_out_total", None), 0),
+        "signed_in": samples.get(("gpuflex_blob_bytes_signed_total", "in"), 0),
+        "signed_out": samples.get(("gpuflex_blob_bytes_signed_total", "out"), 0),
+    }
+
+
+def test_blobs_and_checkpoints_move_by_signed_urls_and_never_through_the_coordinator(coordinator):
+    alice = coordinator.consumer("alice", deposit=10)
+    nodes = [coordinator.node("core", core=True, price=0.4), coordinator.node("c0")]
+    spec = JobSpec.model_validate({"name": "m", "resources": {"workers": 1}, "training": {"rounds": 3}})
+    job = alice.submit(spec, alice.upload(CORPUS))
+    aggregator, worker = (coordinator.task(n.lease()) for n in nodes)
+    state = aggregator.put_blob(MODEL)
+    aggregator.publish_round(m.RoundPublish(round=0, state_hash="0" * 64, checkpoint=state, val_loss=5.0))
+    assert worker.get_blob(state) == MODEL and nodes[1].get_blob(state) == MODEL
+    assert alice.checkpoint(job.id) == MODEL
+    assert aggregator.put_blob(MODEL) == state  # the store has it: nothing is signed, nothing sent
+    assert _bytes(coordinator.http) == {
+        "in": 0,
+        "out": 0,
+        "signed_in": len(CORPUS) + len(MODEL),
+        "signed_out": 3 * len(MODEL),
+    }
+
+
+def test_a_url_is_signed_only_for_whoever_may_read_the_blob(coordinator):
+    alice = coordinator.consumer("alice")
+    digest = alice.upload(CORPUS)
+    node = coordinator.node("n1")
+    path = f"/v1/blobs/{digest}"
+    answer = coordinator.http.get(path, headers=node.key.sign_request("GET", path, b""))
+    assert answer.status_code == 307 and answer.headers["Cache-Control"] == "no-store"
+    assert httpx.get(answer.headers["Location"]).content == CORPUS  # the URL alone is the credential
+    consumer = coordinator.http.get(path, headers=alice.http._http.headers)
+    assert consumer.status_code == 403 and "Location" not in consumer.headers
+    assert "through their jobs" in consumer.json()["detail"]
+    assert coordinator.http.get(path).status_code == 401
+    assert _bytes(coordinator.http)["signed_out"] == len(CORPUS)  # the refused were signed nothing
+
+
+def test_uploads_are_refused_over_the_limit_and_unless_the_store_hashed_them_to_their_key(coordinator):
+    alice = coordinator.consumer("alice")
+    auth = alice.http._http.headers
+    digest = hashlib.sha256(CORPUS).hexdigest()
+    ask = {"sha256": digest, "length": 256 * 1024 + 1}
+    assert coordinator.http.post("/v1/blobs/uploads", json=ask).status_code == 401
+    too_big = coordinator.http.post("/v1/blobs/uploads", json=ask, headers=auth)
+    assert (
+        too_big.status_code == 413 and "over this coordinator's limit of 262144" in too_big.json()["detail"]
+    )
+    ask = {"sha256": digest, "length": len(CORPUS)}
+    ticket = m.UploadTicket.model_validate(
+        coordinator.http.post("/v1/blobs/uploads", json=ask, headers=auth).json()
+    )
+    done = {"sha256": digest, "upload": ticket.upload}
+    nothing = coordinator.http.post("/v1/blobs/uploads/done", json=done, headers=auth)
+    assert nothing.status_code == 404 and "PUT it to the URL first" in nothing.json()["detail"]
+    forged = CORPUS.replace(b"corpus", b"CORPUS")  # the length signed, other bytes
+    assert (
+        httpx.put(ticket.url, content=forged, headers=ticket.headers).status_code == 200
+    )  # moto checks nothing
+    refused = coordinator.http.post("/v1/blobs/uploads/done", json=done, headers=auth)
+    assert refused.status_code == 400
+    actual = hashlib.sha256(forged).hexdigest()
+    why = f"upload of blob {digest} refused and deleted: the bytes sent hash to {actual}"
+    assert refused.json()["detail"] == why
+    assert not coordinator.ctx.blobs.exists(digest)
+    assert _bytes(coordinator.http) == {"in": 0, "out": 0, "signed_in": len(CORPUS), "signed_out": 0}
+
+
+def test_a_url_used_for_another_blob_is_caught_by_the_readers_hash(coordinator):
+    alice = coordinator.consumer("alice")
+    one, two = alice.upload(b"blob one"), alice.upload(b"blob two")
+    url_of_two = coordinator.ctx.blobs.presign_get(two, 2e9).url
+    with pytest.raises(HashMismatch, match=f"blob {one} arrived corrupted from the object store"):
+        direct.fetch(url_of_two, one)
+
+
+def test_a_coordinator_whose_store_cannot_be_reached_does_not_start(tmp_path):
+    nowhere = s3_options(f"http://127.0.0.1:{free_port()}")
+    settings = CoordinatorSettings(
+        data_dir=tmp_path, blob_url="s3://gpuflex/blobs", blob_storage_options=nowhere
+    )
+    with pytest.raises(ServiceError, match="the blob store s3://gpuflex/blobs cannot be written"):
+        create_app(settings)

@@ -6,7 +6,6 @@ import hashlib
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from tests.coordinator.conftest import running_coordinator
 
 from gpuflex.client import direct
@@ -17,6 +16,7 @@ from gpuflex.localnet import free_port
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.storage import FsspecBlobStore
+from gpuflex.testing import blob_bytes
 
 from .conftest import s3_options
 
@@ -31,21 +31,6 @@ def coordinator(tmp_path, s3_bucket, s3_endpoint):
         yield harness
 
 
-def _bytes(http: httpx.Client) -> dict[str, float]:
-    """The coordinator's blob byte counters: through it (in, out) and signed for (signed_in, signed_out)."""
-    samples = {
-        (s.name, s.labels.get("direction")): s.value
-        for family in text_string_to_metric_families(http.get("/metrics").text)
-        for s in family.samples
-    }
-    return {
-        "in": samples.get(("gpuflex_blob_bytes_in_total", None), 0),
-        "out": samples.get(("gpuflex_blob_bytes_out_total", None), 0),
-        "signed_in": samples.get(("gpuflex_blob_bytes_signed_total", "in"), 0),
-        "signed_out": samples.get(("gpuflex_blob_bytes_signed_total", "out"), 0),
-    }
-
-
 def test_blobs_and_checkpoints_move_by_signed_urls_and_never_through_the_coordinator(coordinator):
     alice = coordinator.consumer("alice", deposit=10)
     nodes = [coordinator.node("core", core=True, price=0.4), coordinator.node("c0")]
@@ -57,7 +42,7 @@ def test_blobs_and_checkpoints_move_by_signed_urls_and_never_through_the_coordin
     assert worker.get_blob(state) == MODEL and nodes[1].get_blob(state) == MODEL
     assert alice.checkpoint(job.id) == MODEL
     assert aggregator.put_blob(MODEL) == state  # the store has it: nothing is signed, nothing sent
-    assert _bytes(coordinator.http) == {
+    assert blob_bytes(coordinator.url) == {
         "in": 0,
         "out": 0,
         "signed_in": len(CORPUS) + len(MODEL),
@@ -77,7 +62,7 @@ def test_a_url_is_signed_only_for_whoever_may_read_the_blob(coordinator):
     assert consumer.status_code == 403 and "Location" not in consumer.headers
     assert "through their jobs" in consumer.json()["detail"]
     assert coordinator.http.get(path).status_code == 401
-    assert _bytes(coordinator.http)["signed_out"] == len(CORPUS)  # the refused were signed nothing
+    assert blob_bytes(coordinator.url)["signed_out"] == len(CORPUS)  # the refused were signed nothing
 
 
 def test_uploads_are_refused_over_the_limit_and_unless_the_store_hashed_them_to_their_key(coordinator):
@@ -107,7 +92,7 @@ def test_uploads_are_refused_over_the_limit_and_unless_the_store_hashed_them_to_
     why = f"upload of blob {digest} refused and deleted: the bytes sent hash to {actual}"
     assert refused.json()["detail"] == why
     assert not coordinator.ctx.blobs.exists(digest)
-    assert _bytes(coordinator.http) == {"in": 0, "out": 0, "signed_in": len(CORPUS), "signed_out": 0}
+    assert blob_bytes(coordinator.url) == {"in": 0, "out": 0, "signed_in": len(CORPUS), "signed_out": 0}
 
 
 def test_a_url_used_for_another_blob_is_caught_by_the_readers_hash(coordinator):

@@ -3,15 +3,18 @@ caller the usual rules let read or write the blob, and it counts what it signed 
 them without the API's credentials, and checks every read's sha256."""
 
 import hashlib
+import re
+import threading
 
 import httpx
 import pytest
+from moto.server import ThreadedMotoServer
 from tests.coordinator.conftest import running_coordinator
 
 from gpuflex.client import direct
 from gpuflex.coordinator.app import create_app
 from gpuflex.coordinator.settings import CoordinatorSettings
-from gpuflex.errors import HashMismatch, ServiceError
+from gpuflex.errors import HashMismatch, NotFound, ServiceError
 from gpuflex.localnet import free_port
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.spec import JobSpec
@@ -110,3 +113,34 @@ def test_a_coordinator_whose_store_cannot_be_reached_does_not_start(tmp_path):
     )
     with pytest.raises(ServiceError, match="the blob store s3://gpuflex/blobs cannot be written"):
         create_app(settings)
+
+
+def test_the_stores_refusal_is_one_error_with_its_own_reason(coordinator):
+    digest = coordinator.consumer("alice").upload(b"soon gone")
+    store = coordinator.ctx.blobs
+    url = store.presign_get(digest, 2e9).url
+    store.fs.rm_file(f"{store.root}/{digest[:2]}/{digest}")
+    refused = (
+        f"the object store refused the GET of blob {digest}: NoSuchKey: The specified key does not exist"
+    )
+    with pytest.raises(NotFound, match=refused):
+        direct.fetch(url, digest, retry_for_s=5)  # a 4xx is an answer: not tried again
+
+
+def test_a_store_out_of_reach_is_tried_again_for_as_long_as_the_caller_retries(coordinator):
+    digest = coordinator.consumer("alice").upload(b"worth the wait")
+    port = free_port()
+    # moto checks no signature, so the URL may name a server that starts a second from now
+    url = re.sub(
+        r"//127\.0\.0\.1:\d+/", f"//127.0.0.1:{port}/", coordinator.ctx.blobs.presign_get(digest, 2e9).url
+    )
+    with pytest.raises(ServiceError, match=f"cannot reach the object store for blob {digest}"):
+        direct.fetch(url, digest)
+    later = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)  # the same buckets
+    starting = threading.Timer(1.0, later.start)
+    starting.start()
+    try:
+        assert direct.fetch(url, digest, retry_for_s=60) == b"worth the wait"
+    finally:
+        starting.join()
+        later.stop()

@@ -96,7 +96,8 @@ class Client:
     def checkpoint(self, job_id: str) -> bytes:
         response = self.http.request("GET", f"/v1/jobs/{job_id}/checkpoint")
         if response.is_redirect:
-            return direct.fetch(response.headers["Location"], response.headers["X-Content-SHA256"])
+            digest = response.headers["X-Content-SHA256"]
+            return direct.fetch(response.headers["Location"], digest, retry_for_s=self.http.retry_for_s)
         return response.content
 
     def deploy(self, spec: DeploymentSpec) -> m.DeploymentInfo:

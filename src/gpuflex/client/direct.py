@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from typing import TYPE_CHECKING
 
 import httpx
@@ -24,9 +25,9 @@ if TYPE_CHECKING:
 TIMEOUT_S = 120.0
 
 
-def fetch(url: str, digest: str) -> bytes:
+def fetch(url: str, digest: str, *, retry_for_s: float = 0.0) -> bytes:
     """Blob ``digest`` from a presigned GET ``url``, checked."""
-    response = _send("GET", url, digest)
+    response = _send("GET", url, digest, retry_for_s=retry_for_s)
     if hashlib.sha256(response.content).hexdigest() != digest:
         raise HashMismatch(f"blob {digest} arrived corrupted from the object store")
     return response.content
@@ -42,20 +43,30 @@ def upload(http: HttpSession, data: bytes) -> str:
     if ticket.url is None:
         http.request("PUT", f"/v1/blobs/{digest}", content=data)
         return digest
-    _send("PUT", ticket.url, digest, content=data, headers=ticket.headers)
+    _send("PUT", ticket.url, digest, retry_for_s=http.retry_for_s, content=data, headers=ticket.headers)
     done = m.UploadDone(sha256=digest, upload=ticket.upload).model_dump()
     http.request("POST", "/v1/blobs/uploads/done", json=done)
     return digest
 
 
-def _send(method: str, url: str, digest: str, **kwargs) -> httpx.Response:
-    try:
-        response = httpx.request(method, url, timeout=TIMEOUT_S, **kwargs)
-    except httpx.TransportError as err:
-        raise ServiceError(f"cannot reach the object store for blob {digest}: {err}") from None
-    if not response.is_success:
-        raise _refused(response, f"{method} of blob {digest}")
-    return response
+def _send(method: str, url: str, digest: str, *, retry_for_s: float, **kwargs) -> httpx.Response:
+    """One request to the store. A connection failure or a 5xx (S3's ``SlowDown``, ``InternalError``)
+    is tried again for up to ``retry_for_s`` seconds, as the caller's calls to the coordinator are."""
+    deadline = time.monotonic() + retry_for_s
+    delay = 0.2
+    while True:
+        try:
+            response = httpx.request(method, url, timeout=TIMEOUT_S, **kwargs)
+        except httpx.TransportError as err:
+            if time.monotonic() >= deadline:
+                raise ServiceError(f"cannot reach the object store for blob {digest}: {err}") from None
+        else:
+            if response.is_success:
+                return response
+            if response.status_code < 500 or time.monotonic() >= deadline:
+                raise _refused(response, f"{method} of blob {digest}")
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 def _refused(response: httpx.Response, what: str) -> GPUFlexError:

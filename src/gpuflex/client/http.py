@@ -143,7 +143,7 @@ def get_blob(http: HttpSession, digest: str) -> bytes:
     """A blob by its hash, checked: a task's and a node's read (``HashMismatch`` if it arrived corrupted)."""
     response = http.request("GET", f"/v1/blobs/{digest}")
     if response.is_redirect:
-        return direct.fetch(response.headers["Location"], digest)
+        return direct.fetch(response.headers["Location"], digest, retry_for_s=http.retry_for_s)
     data = response.content
     if hashlib.sha256(data).hexdigest() != digest:
         raise HashMismatch(f"blob {digest} arrived corrupted")

@@ -80,6 +80,10 @@ class BlobStore(ABC):
     def exists(self, digest: str) -> bool: ...
 
     @abstractmethod
+    def size(self, digest: str) -> int:
+        """The blob's length in bytes, without reading it (``NotFound`` if absent)."""
+
+    @abstractmethod
     def _write(self, digest: str, data: bytes) -> None: ...
 
 
@@ -104,6 +108,12 @@ class LocalBlobStore(BlobStore):
     def get(self, digest: str) -> bytes:
         try:
             return self._path(digest).read_bytes()
+        except FileNotFoundError:
+            raise NotFound(f"no blob {digest}") from None
+
+    def size(self, digest: str) -> int:
+        try:
+            return self._path(digest).stat().st_size
         except FileNotFoundError:
             raise NotFound(f"no blob {digest}") from None
 

@@ -70,18 +70,21 @@ class FsspecBlobStore(BlobStore):
         except FileNotFoundError:
             raise NotFound(f"no blob {digest}") from None
 
+    def size(self, digest: str) -> int:
+        try:
+            return self.fs.info(self._key(digest))["size"]
+        except FileNotFoundError:
+            raise NotFound(f"no blob {digest}") from None
+
     def _write(self, digest: str, data: bytes) -> None:
         self.fs.pipe_file(self._key(digest), data)
 
     def presign_get(self, digest: str, expires_at: float) -> Presigned | None:
         if not self.signs_urls:
             return None
-        key = self._key(digest)
-        try:
-            length = self.fs.info(key)["size"]
-        except FileNotFoundError:
-            raise NotFound(f"no blob {digest}") from None
-        return Presigned(self.fs.url(key, expires=_seconds_until(expires_at)), int(expires_at), length)
+        length = self.size(digest)
+        url = self.fs.url(self._key(digest), expires=_seconds_until(expires_at))
+        return Presigned(url, int(expires_at), length)
 
     def presign_put(self, digest: str, length: int, expires_at: float) -> Presigned | None:
         if not self.signs_urls:

@@ -1,6 +1,6 @@
 """Tools the tests use to run real parts: the coordinator served on loopback, a node registered with
-it, a clock to move, a small job to train, and the check of every invariant straight from the database
-after a fault.
+it, a clock to move, a small job to train, its blob byte counters, and the check of every invariant
+straight from the database after a fault.
 
 They ship with the library (as torchft's and hivemind's fault injectors do) so any test suite of
 GPUFlex, or of a project built on it, can stand up a real network without mocking it.
@@ -19,10 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import httpx
 import tokenizers
 import uvicorn
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
@@ -99,6 +101,22 @@ def serve(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def blob_bytes(url: str) -> dict[str, float]:
+    """The blob bytes a coordinator carried (``in``, ``out``) and signed for (``signed_in``,
+    ``signed_out``: moved by presigned URLs), from its ``/metrics``."""
+    samples = {
+        (s.name, s.labels.get("direction")): s.value
+        for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+        for s in family.samples
+    }
+    return {
+        "in": samples.get(("gpuflex_blob_bytes_in_total", None), 0.0),
+        "out": samples.get(("gpuflex_blob_bytes_out_total", None), 0.0),
+        "signed_in": samples.get(("gpuflex_blob_bytes_signed_total", "in"), 0.0),
+        "signed_out": samples.get(("gpuflex_blob_bytes_signed_total", "out"), 0.0),
+    }
 
 
 def wait_for(condition: Callable[[], T], timeout_s: float, what: str, *, every_s: float = 0.3) -> T:

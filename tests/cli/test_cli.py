@@ -1,5 +1,6 @@
 """The CLI: help everywhere, and an error is one clear line with a non-zero exit, never a traceback."""
 
+import json
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from gpuflex.cli.main import app
+from gpuflex.localnet import free_port
 
 
 def _commands(group, prefix=()):
@@ -194,6 +196,21 @@ def test_a_bad_coordinator_setting_is_one_line_naming_it(tmp_path, variable, val
     result = _gpuflex("coordinator", "serve", "--data-dir", str(tmp_path), "--port", "9", env=env)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: bad setting: ") and says in result.stderr
+
+
+def test_a_blob_store_that_cannot_be_reached_stops_the_coordinator_at_start_in_one_line(tmp_path):
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install -e '.[s3]')")
+    nowhere = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "key": "k", "secret": "s"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "GPUFLEX_BLOB_URL": "s3://gpuflex/blobs",
+        "GPUFLEX_BLOB_STORAGE_OPTIONS": json.dumps(nowhere),
+    }
+    result = _gpuflex("coordinator", "serve", "--data-dir", str(tmp_path), "--port", "9", env=env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "serving on" not in result.stdout
+    said = result.stderr.strip().splitlines()[-1]  # after the migrations' log lines
+    assert said.startswith("error: the blob store s3://gpuflex/blobs cannot be written: Could not connect")
 
 
 def _bracketed_helps():

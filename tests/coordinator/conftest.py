@@ -21,7 +21,7 @@ from gpuflex.coordinator.db import make_engine, make_sessionmaker
 from gpuflex.coordinator.migrate import upgrade
 from gpuflex.coordinator.settings import CoordinatorSettings
 from gpuflex.protocol import messages as m
-from gpuflex.storage import LocalBlobStore
+from gpuflex.storage import BlobStore, LocalBlobStore
 from gpuflex.testing import Clock, register_node, serve
 
 CORE_TOKEN = "core-secret"
@@ -76,9 +76,11 @@ class Harness:
 
 
 @contextmanager
-def running_coordinator(database_url: str, data_dir: Path, **settings: object) -> Iterator[Harness]:
-    """A migrated database and the coordinator on it, served on loopback; ``settings`` override the
-    test defaults below."""
+def running_coordinator(
+    database_url: str, data_dir: Path, *, blobs: BlobStore | None = None, **settings: object
+) -> Iterator[Harness]:
+    """A migrated database and the coordinator on it, served on loopback, its blobs in ``blobs`` (default:
+    a directory); ``settings`` override the test defaults below."""
     upgrade(database_url)
     settings = CoordinatorSettings(
         **{
@@ -101,9 +103,8 @@ def running_coordinator(database_url: str, data_dir: Path, **settings: object) -
     )
     engine = make_engine(database_url)
     clock = Clock()
-    ctx = CoordinatorContext(
-        settings, engine, make_sessionmaker(engine), LocalBlobStore(data_dir / "blobs"), clock
-    )
+    blobs = blobs or LocalBlobStore(data_dir / "blobs")
+    ctx = CoordinatorContext(settings, engine, make_sessionmaker(engine), blobs, clock)
     try:
         with serve(create_app(ctx=ctx)) as url, httpx.Client(base_url=url) as http:
             yield Harness(url, http, ctx, clock)

@@ -42,6 +42,12 @@ def test_keys_that_are_not_sha256_never_reach_a_path(store, key):
 def test_missing_blob_is_not_found(store):
     with pytest.raises(NotFound):
         store.get("0" * 64)
+    with pytest.raises(NotFound):
+        store.size("0" * 64)
+
+
+def test_a_size_is_told_without_reading_the_blob(store):
+    assert store.size(store.put(b"twelve bytes")) == 12
 
 
 def test_what_one_replica_writes_another_reads_at_once(open_store):

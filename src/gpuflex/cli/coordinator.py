@@ -82,6 +82,7 @@ def serve(
     # Made now, not on first use: the operator reads them from data_dir before anyone has called.
     settings.resolved_core_token()
     settings.resolved_operator_token()
+    app = create_app(settings)  # checks the blob store: one that cannot be reached stops us here
     core = "GPUFLEX_CORE_TOKEN" if settings.core_token else settings.data_dir / "core_token"
     operator = "GPUFLEX_OPERATOR_TOKEN" if settings.operator_token else settings.data_dir / "operator_token"
     console.print(
@@ -90,7 +91,7 @@ def serve(
         f"operator token in {operator}"
     )
     uvicorn.run(
-        create_app(settings),
+        app,
         host=host,
         port=port,
         log_level="warning",

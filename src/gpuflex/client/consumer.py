@@ -3,8 +3,7 @@ read the network's governance; with the operator's token, it also passes verdict
 
 from __future__ import annotations
 
-import hashlib
-
+from gpuflex.client import direct
 from gpuflex.client.http import HttpSession
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.deployment import DeploymentSpec
@@ -40,9 +39,7 @@ class Client:
         return m.Balance.model_validate(self.http.request("POST", "/v1/wallet/deposit", json=body).json())
 
     def upload(self, data: bytes) -> str:
-        digest = hashlib.sha256(data).hexdigest()
-        self.http.request("PUT", f"/v1/blobs/{digest}", content=data)
-        return digest
+        return direct.upload(self.http, data)
 
     def missing_blobs(self, keys: list[str]) -> m.MissingBlobs:
         """Which of ``keys`` the blob store lacks (asked ``MAX_BLOB_KEYS`` at a time), and its blob limit."""
@@ -108,7 +105,11 @@ class Client:
         self.http.request("POST", f"/v1/jobs/{job_id}/keys", json=grant.model_dump())
 
     def checkpoint(self, job_id: str) -> bytes:
-        return self.http.request("GET", f"/v1/jobs/{job_id}/checkpoint").content
+        response = self.http.request("GET", f"/v1/jobs/{job_id}/checkpoint")
+        if response.is_redirect:
+            digest = response.headers["X-Content-SHA256"]
+            return direct.fetch(response.headers["Location"], digest, retry_for_s=self.http.retry_for_s)
+        return response.content
 
     def deploy(self, spec: DeploymentSpec) -> m.DeploymentInfo:
         """Create a deployment whose model (``model.from``'s directory) is already uploaded."""

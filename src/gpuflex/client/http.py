@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from gpuflex.client import direct
 from gpuflex.errors import BadRequest, HashMismatch, ServiceError, from_status
 
 RETRYABLE_STATUS = {502, 503, 504}
@@ -123,7 +124,7 @@ def _untrusted(err: httpx.TransportError) -> str | None:
 
 
 def _checked(response: httpx.Response) -> httpx.Response:
-    if response.is_success:
+    if response.is_success or response.is_redirect:  # a blob's presigned URL: see ``client.direct``
         return response
     try:
         detail = response.json().get("detail", response.text)
@@ -140,7 +141,10 @@ def _checked(response: httpx.Response) -> httpx.Response:
 
 def get_blob(http: HttpSession, digest: str) -> bytes:
     """A blob by its hash, checked: a task's and a node's read (``HashMismatch`` if it arrived corrupted)."""
-    data = http.request("GET", f"/v1/blobs/{digest}").content
+    response = http.request("GET", f"/v1/blobs/{digest}")
+    if response.is_redirect:
+        return direct.fetch(response.headers["Location"], digest, retry_for_s=http.retry_for_s)
+    data = response.content
     if hashlib.sha256(data).hexdigest() != digest:
         raise HashMismatch(f"blob {digest} arrived corrupted")
     return data

@@ -6,8 +6,7 @@ It has the shape of ``gpuflex.train.transport.Transport``. Calls ride out a coor
 
 from __future__ import annotations
 
-import hashlib
-
+from gpuflex.client import direct
 from gpuflex.client.http import HttpSession, get_blob
 from gpuflex.protocol import messages as m
 from gpuflex.protocol.relay import RelayEvent, RelayEvents, RelayPhase, RelayWork, ReplicaPhase
@@ -31,9 +30,7 @@ class TaskClient:
         return get_blob(self.http, digest)
 
     def put_blob(self, data: bytes) -> str:
-        digest = hashlib.sha256(data).hexdigest()
-        self.http.request("PUT", f"/v1/blobs/{digest}", content=data)
-        return digest
+        return direct.upload(self.http, data)
 
     def latest_round(self) -> m.RoundState | None:
         response = self.http.request("GET", "/v1/task/round")

@@ -173,10 +173,15 @@ def _error_handlers(app: FastAPI) -> None:
 
 
 def blob_store(settings: CoordinatorSettings) -> BlobStore:
-    """The store ``blob_url`` names (S3 and the like, through fsspec), else the local blob directory."""
-    if settings.blob_url:
-        return FsspecBlobStore(settings.blob_url, **settings.blob_storage_options)
-    return LocalBlobStore(settings.blob_dir)
+    """The store ``blob_url`` names (S3 and the like, through fsspec), else the local blob directory;
+    checked now, so a store that cannot be reached stops the coordinator at start, not at the first job."""
+    store = (
+        FsspecBlobStore(settings.blob_url, **settings.blob_storage_options)
+        if settings.blob_url
+        else LocalBlobStore(settings.blob_dir)
+    )
+    store.check()
+    return store
 
 
 def _public_keys(ctx: CoordinatorContext) -> dict[str, str]:
@@ -248,6 +253,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
         default_limit=ctx.settings.max_request_bytes,
         limits={  # the first prefix that matches wins
             f"/{API_VERSION}/blobs/missing": ctx.settings.max_request_bytes,
+            f"/{API_VERSION}/blobs/uploads": ctx.settings.max_request_bytes,
             f"/{API_VERSION}/blobs/": ctx.settings.max_blob_bytes,
             # a replica's events: a batch of completions, each with its prompt's and output's token ids
             f"/{API_VERSION}/task/relay/events": ctx.settings.max_blob_bytes,

@@ -3,7 +3,8 @@
 Each app has its own registry (tests build several apps in one process). What is counted where:
 
 - counters the routes bump as things happen: rounds published, leases granted, leases expired (by
-  the reaper), heartbeats, blob bytes in and out;
+  the reaper), heartbeats, blob bytes in and out through the coordinator, and blob bytes signed for
+  (moved by presigned URLs straight to or from an object store);
 - ``RequestMetrics``, an ASGI middleware timing every request by route template, method and status;
 - per deployment, what the OpenAI gateway served (requests, input and output tokens, the seconds from
   submitting a request to its last token) and refused (by OpenAI error type and status), bumped by
@@ -84,6 +85,12 @@ class CoordinatorMetrics:
         self.heartbeats = Counter("gpuflex_heartbeats", "Node heartbeats received", registry=r)
         self.bytes_in = Counter("gpuflex_blob_bytes_in", "Blob bytes uploaded", registry=r)
         self.bytes_out = Counter("gpuflex_blob_bytes_out", "Blob and checkpoint bytes downloaded", registry=r)
+        self.bytes_signed = Counter(
+            "gpuflex_blob_bytes_signed",
+            "Blob bytes moved by presigned URLs to (in) or from (out) the object store, not through here",
+            ["direction"],
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "gpuflex_http_request_duration_seconds",
             "HTTP request latency by route template, method and status",

@@ -66,6 +66,13 @@ class CoordinatorSettings(BaseSettings):
         description='the store\'s options as JSON, e.g. {"endpoint_url": "http://minio:9000", "key": "…", '
         '"secret": "…"} for an S3-compatible service',
     )
+    blob_url_ttl_s: float = Field(
+        600.0,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="life of a presigned URL to the object store (s3:// blob_url): readers and writers move "
+        "blob bytes to and from the store themselves, within this time of asking",
+    )
     signature_max_skew_s: float = Field(60.0, gt=0)
     # Per coordinator process (replicas each count on their own). An agent makes about one call a second
     # and a task a few; the defaults leave room for bursts of uploads and polling many times over.

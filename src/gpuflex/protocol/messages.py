@@ -324,6 +324,32 @@ class MissingBlobs(Message):
     max_blob_bytes: int = Field(description="the largest blob the coordinator accepts: upload no larger")
 
 
+class BlobUpload(Message):
+    """A blob about to be uploaded: ``POST /v1/blobs/uploads`` says where to send it."""
+
+    sha256: Sha256
+    length: Annotated[int, Field(ge=0)] = Field(description="its size in bytes, which a direct PUT must send")
+
+
+class UploadTicket(Message):
+    """Where a blob's bytes go: nowhere (the store has it), the coordinator (``url`` None: ``PUT
+    /v1/blobs/{digest}``), or the object store itself, by a presigned PUT carrying ``headers`` before
+    ``expires_at``, then named back to the coordinator (``POST /v1/blobs/uploads/done``)."""
+
+    present: bool = Field(description="the store holds it already: send nothing")
+    url: str | None = Field(None, description="a presigned PUT URL; None: send it to the coordinator")
+    headers: dict[str, str] = Field(default_factory=dict, description="headers the PUT must carry as given")
+    expires_at: float | None = Field(None, description="Unix time after which the URL is refused")
+    upload: str | None = Field(None, description="names the upload to POST /v1/blobs/uploads/done")
+
+
+class UploadDone(Message):
+    """A presigned upload sent: the coordinator has the store check it and file it under its key."""
+
+    sha256: Sha256
+    upload: Annotated[str, Field(max_length=200)]
+
+
 # -- jobs -----------------------------------------------------------------------------------
 
 

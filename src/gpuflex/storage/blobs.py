@@ -12,9 +12,10 @@ import os
 import re
 import tempfile
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuflex.errors import BadRequest, NotFound
+from gpuflex.errors import BadRequest, NotFound, ServiceError
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -29,8 +30,39 @@ def validate_digest(digest: str) -> str:
     return digest
 
 
+@dataclass(frozen=True)
+class Presigned:
+    """A URL that lets its holder move one blob's bytes to or from the store itself, until ``expires_at``
+    (Unix time): the request must carry ``headers``, which the signature covers. ``upload`` names the
+    staged object a PUT lands in, for ``BlobStore.commit_upload``."""
+
+    url: str
+    expires_at: float
+    length: int
+    headers: dict[str, str] = field(default_factory=dict)
+    upload: str | None = None
+
+
 class BlobStore(ABC):
-    """Put and get immutable blobs by sha256."""
+    """Put and get immutable blobs by sha256. A store that can sign URLs (S3) lets readers and writers
+    move the bytes themselves; the others (a directory, memory) answer ``None`` and the coordinator
+    carries them."""
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise ``ServiceError`` with the reason if the store cannot be written."""
+
+    def presign_get(self, digest: str, expires_at: float) -> Presigned | None:
+        """A URL to GET blob ``digest`` from (``NotFound`` if absent), or None if the store signs none."""
+        return None
+
+    def presign_put(self, digest: str, length: int, expires_at: float) -> Presigned | None:
+        """A URL to PUT exactly ``length`` bytes hashing to ``digest`` to, or None if the store signs none."""
+        return None
+
+    def commit_upload(self, digest: str, upload: str) -> None:
+        """Make a presigned upload blob ``digest`` once the store has checked its bytes; refused otherwise."""
+        raise BadRequest("this blob store takes uploads through the coordinator: PUT /v1/blobs/{digest}")
 
     def put(self, data: bytes, expected: str | None = None) -> str:
         """Store ``data``; if ``expected`` is given, refuse data whose hash differs."""
@@ -48,6 +80,10 @@ class BlobStore(ABC):
     def exists(self, digest: str) -> bool: ...
 
     @abstractmethod
+    def size(self, digest: str) -> int:
+        """The blob's length in bytes, without reading it (``NotFound`` if absent)."""
+
+    @abstractmethod
     def _write(self, digest: str, data: bytes) -> None: ...
 
 
@@ -62,12 +98,22 @@ class LocalBlobStore(BlobStore):
         validate_digest(digest)
         return self.root / digest[:2] / digest
 
+    def check(self) -> None:
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise ServiceError(f"the blob directory {self.root} is not writable by this process")
+
     def exists(self, digest: str) -> bool:
         return self._path(digest).exists()
 
     def get(self, digest: str) -> bytes:
         try:
             return self._path(digest).read_bytes()
+        except FileNotFoundError:
+            raise NotFound(f"no blob {digest}") from None
+
+    def size(self, digest: str) -> int:
+        try:
+            return self._path(digest).stat().st_size
         except FileNotFoundError:
             raise NotFound(f"no blob {digest}") from None
 

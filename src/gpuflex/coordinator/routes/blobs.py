@@ -4,12 +4,18 @@
 uploads only those (a prepared dataset's shards: a second job on the same data, or an upload resumed
 after an interruption, sends nothing twice). Whoever may add a blob may ask; what it learns is whether
 bytes it can name by their hash are here, which only someone who holds (or guessed) them can ask about.
+
+On an object store that signs URLs (``presigned``), bytes skip the coordinator: a reader's GET is
+answered 307 with a presigned URL, and a writer asks ``POST /blobs/uploads`` where to send a blob, PUTs it
+to the store and names the upload back (``POST /blobs/uploads/done``), which files it under its key only
+once the store's own sha256 of the bytes equals it.
 """
 
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
 
+from gpuflex.coordinator import presigned
 from gpuflex.coordinator.auth import BlobReader, BlobWriter, Ctx
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
@@ -27,6 +33,21 @@ def missing_blobs(body: m.BlobKeys, _who: BlobWriter, ctx: Ctx) -> m.MissingBlob
     and the largest blob it takes, so a client refuses a larger one before uploading anything."""
     keys = [k for k in dict.fromkeys(body.keys) if not ctx.blobs.exists(k)]
     return m.MissingBlobs(keys=keys, max_blob_bytes=ctx.settings.max_blob_bytes)
+
+
+@router.post("/uploads", responses=errors(413))
+def ask_upload(body: m.BlobUpload, _who: BlobWriter, ctx: Ctx, metrics: Metrics) -> m.UploadTicket:
+    """Where to send a blob's bytes: nowhere (held already), here (``PUT /blobs/{digest}``), or the
+    object store by a presigned PUT bound to the blob's sha256 and length (413 over the blob limit)."""
+    return presigned.ticket(ctx, metrics, body)
+
+
+@router.post("/uploads/done", responses=errors(404))
+def finish_upload(body: m.UploadDone, _who: BlobWriter, ctx: Ctx) -> dict[str, str]:
+    """File a presigned upload under its key once the store has hashed it: 400 (and the upload deleted)
+    if it came after its URL expired or is not the length or sha256 signed for, 404 if nothing came."""
+    ctx.blobs.commit_upload(body.sha256, body.upload)
+    return {"sha256": body.sha256}
 
 
 @router.put(
@@ -47,9 +68,11 @@ async def put_blob(
 @router.get(
     "/{digest}",
     response_class=Response,
-    responses={200: {"content": {"application/octet-stream": {}}}, **errors(404)},
+    responses={200: {"content": {"application/octet-stream": {}}}, **presigned.REDIRECT, **errors(404)},
 )
 def get_blob(digest: Digest, _who: BlobReader, ctx: Ctx, metrics: Metrics) -> Response:
+    if redirect := presigned.redirect(ctx, metrics, digest):
+        return redirect
     data = ctx.blobs.get(digest)
     metrics.bytes_out.inc(len(data))
     return Response(data, media_type="application/octet-stream")

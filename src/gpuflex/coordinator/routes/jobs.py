@@ -4,6 +4,7 @@ import logging
 
 from fastapi import APIRouter, Response
 
+from gpuflex.coordinator import presigned
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
@@ -89,15 +90,18 @@ def logs(job_id: str, account: Consumer, ctx: Ctx) -> list[m.JobEvent]:
 @router.get(
     "/{job_id}/checkpoint",
     response_class=Response,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {}}}, **presigned.REDIRECT},
 )
 def checkpoint(job_id: str, account: Consumer, ctx: Ctx, metrics: Metrics) -> Response:
     """The job's model as safetensors bytes: the final one once the job completed, else its newest
-    checkpoint (``rounds_log`` says which round has this ``X-Content-SHA256``)."""
+    checkpoint (``rounds_log`` says which round has this ``X-Content-SHA256``); from an object store, a
+    307 to a presigned URL of those bytes."""
     with ctx.tx() as s:
         job = jobs.owned(s, account, job_id)
     if job.checkpoint is None:
         raise Conflict(f"job {job.id} has no checkpoint yet ({job.state})")
+    if redirect := presigned.redirect(ctx, metrics, job.checkpoint, {"X-Content-SHA256": job.checkpoint}):
+        return redirect
     data = ctx.blobs.get(job.checkpoint)
     metrics.bytes_out.inc(len(data))
     return Response(

@@ -1,6 +1,7 @@
 """Sizes and parameter counts of blobs, remembered: a blob is named by its hash, so neither ever changes.
 
-The blob store has no ``size`` call, so the first look reads the blob; later looks are a dict hit.
+A size is the store's metadata (a stat, an S3 HEAD: no bytes read); a parameter count reads the blob the
+first time. Later looks are a dict hit.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import threading
 
 from gpuflex.coordinator.web.stats import safetensors_params
+from gpuflex.errors import NotFound
 from gpuflex.storage import BlobStore
 
 MAX_REMEMBERED = 100_000
@@ -33,9 +35,10 @@ class BlobInfo:
             return 0
         if digest in self._sizes:
             return self._sizes[digest]
-        if not self.store.exists(digest):
+        try:
+            return self._remember(self._sizes, digest, self.store.size(digest))
+        except NotFound:
             return 0
-        return self._remember(self._sizes, digest, len(self.store.get(digest)))
 
     def params(self, digest: str | None) -> int:
         """How many numbers a safetensors blob holds (0 if none or not safetensors)."""

@@ -53,9 +53,9 @@ from gpuflex.market.placement import place_job, start_size
 from gpuflex.market.pricing import (
     ROUND_OVERHEAD_S,
     lease_price,
-    parameter_count,
     round_seconds,
     step_seconds,
+    trained_count,
 )
 from gpuflex.protocol.money import to_micro
 from gpuflex.protocol.spec import JobSpec
@@ -161,7 +161,7 @@ class Simulation:
         self.churn = Churn(scenario, self.rng)
         self.templates = [t.spec for t in scenario.jobs.templates]
         self.template_cdf = list(itertools.accumulate(t.share for t in scenario.jobs.templates))
-        self.params = [parameter_count(s.training) for s in self.templates]
+        self.exchanged = [trained_count(s.training) for s in self.templates]  # a round's, as quotes count
         self.template_requirements = [Requirements.from_spec(s) for s in self.templates]
         self.requirements, self.template_class = _classes(self.template_requirements)
         auction = [False] * len(self.requirements)
@@ -663,7 +663,7 @@ class Simulation:
         return round_seconds(
             spec,
             step_seconds(spec, slowest),
-            self.params[job.template],
+            self.exchanged[job.template],
             link_bytes_per_s=link,
             overhead_s=ROUND_OVERHEAD_S + 2 * latency,
         )

@@ -325,12 +325,12 @@ def _plot_data_plane(report: dict, path: Path) -> None:
     series = report["data_plane"]["series"]
     fig, ax = _figure()
     t = [b["t_h"] for b in series]
-    for key, label in (
-        ("relayed_egress_gbit_s", "coordinator, every blob relayed"),
-        ("store_egress_gbit_s", "object store"),
-        ("direct_egress_gbit_s", "coordinator, direct transfers"),
+    for key, label, style in (  # relayed, the coordinator's egress lies just above the store's: dashed
+        ("store_egress_gbit_s", "object store", "-"),
+        ("relayed_egress_gbit_s", "coordinator, every blob relayed", "--"),
+        ("direct_egress_gbit_s", "coordinator, direct transfers", "-"),
     ):
-        ax.plot(t, [b[key] for b in series], label=label)
+        ax.plot(t, [b[key] for b in series], style, label=label)
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_xlabel("hours")
     ax.set_ylabel(f"egress, Gbit/s (mean over {report['data_plane']['bucket_s'] / 60:g} min)")

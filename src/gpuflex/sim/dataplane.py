@@ -35,7 +35,7 @@ from array import array
 from dataclasses import dataclass
 
 from gpuflex.market.liveness import fleet_interval_s
-from gpuflex.market.pricing import bytes_per_value, tokens_per_step, trained_count
+from gpuflex.market.pricing import VOCAB, bytes_per_value, tokens_per_step, trained_count
 from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.sim.scenario import Network
@@ -47,7 +47,6 @@ REPLAY_ROUNDS = 8  # train.sync.MAX_UPDATES_TO_REPLAY: the sim may not import tr
 AUDIT_STATE_BYTES_PER_PARAM = 48
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, None: 4}  # a model directory of unknown dtype: fp32
 VOCAB_UINT16 = 1 << 16  # data.manifest: tokens as uint16 up to this vocabulary, else uint32
-BYTE_VOCAB = 256  # the byte-level recipes' vocabulary (pricing.VOCAB)
 # Wire sizes (request, answer), measured once by sending the real clients' calls through httpx's
 # MockTransport, with uvicorn's answer headers: a signed ``NodeClient.heartbeat`` holding one lease,
 # and ``TaskClient.latest_round`` answered a ``RoundState`` naming an update and a checkpoint.
@@ -100,7 +99,7 @@ class Blobs:
         training = spec.training
         trained = trained_count(training) or 0
         size = training.model.size
-        vocab = size.vocab if size is not None and size.vocab else BYTE_VOCAB
+        vocab = size.vocab if size is not None and size.vocab else VOCAB
         prepared = spec.data.prepared is not None
         return cls(
             base=0 if size is None else size.parameters * DTYPE_BYTES[size.dtype],

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpuflex.errors import SpecError
 from gpuflex.protocol.spec import JobSpec
 from gpuflex.sim import report
-from gpuflex.sim.dataplane import DataPlane, spread
+from gpuflex.sim.dataplane import DataPlane, rounds_per_bucket
 from gpuflex.sim.engine import Simulation
 
 CHAR_GPT = 254_592  # parameters of char-gpt's default shape (``pricing.parameter_count``)
@@ -99,12 +99,14 @@ def test_prepared_shards_are_counted_as_their_tokens_are_trained_on():
     count=st.integers(1, 400),
     bucket_s=st.sampled_from([60.0, 600.0, 1000.0]),
 )
-def test_spread_books_each_round_in_the_bucket_of_its_end(start, step, count, bucket_s):
+def test_rounds_are_counted_in_the_bucket_of_their_end(start, step, count, bucket_s):
     buckets = 12
-    fast, slow = [0.0] * buckets, [0.0] * buckets
-    spread(fast, bucket_s, start, step, count, 1.0)
+    fast, slow = [0] * buckets, [0] * buckets
+    for b, n in rounds_per_bucket(buckets, bucket_s, start, step, count):
+        assert fast[b] == 0 and n > 0  # one entry per bucket
+        fast[b] = n
     for k in range(1, count + 1):
-        slow[min(int((start + k * step) // bucket_s), buckets - 1)] += 1.0
+        slow[min(int((start + k * step) // bucket_s), buckets - 1)] += 1
     assert fast == slow
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuflex.market.liveness import fleet_interval_s
@@ -176,20 +177,26 @@ class DataPlane:
     ) -> None:
         """A task was leased on ``node``: it fetches its base (unless cached), corpus and the newest round;
         the job's first aggregator builds round 0 and writes its checkpoint instead of joining."""
-        blobs, base = self.blobs[template], self.base_id[template]
+        blobs, base, served = self.blobs[template], self.base_id[template], self.served
+        nbytes, transfers = blobs.corpus, blobs.corpus > 0
+        served["corpus"] += blobs.corpus
         if base >= 0 and self.cached[node] == base:
             self.cache_hits += 1
             self.cache_saved += blobs.base
         elif base >= 0:
             self.cached[node] = base
-            self._serve(t, "base_models", blobs.base)
-        self._serve(t, "corpus", blobs.corpus)
+            served["base_models"] += blobs.base
+            nbytes, transfers = nbytes + blobs.base, transfers + 1
         if first_aggregator:
             self.first_checkpoints += blobs.checkpoint
             self.written_series[self._bucket(t)] += blobs.checkpoint
-            self.transfers += 1
-        else:
-            self._serve(t, "joins", blobs.join(rounds_done), 1 + min(rounds_done, REPLAY_ROUNDS))
+            transfers += 1
+        elif rounds_done:
+            join = blobs.join(rounds_done)
+            served["joins"] += join
+            nbytes, transfers = nbytes + join, transfers + 1 + min(rounds_done, REPLAY_ROUNDS)
+        self.served_series[self._bucket(t)] += nbytes
+        self.transfers += transfers
 
     def rounds_published(
         self, template: int, start: float, round_s: float, before: int, rounds: int, contributors: int
@@ -203,9 +210,10 @@ class DataPlane:
         self.checkpoints[template] += checkpoints
         served = contributors * blobs.served_per_contribution
         written = contributors * blobs.written_per_contribution + blobs.pseudo_gradient
-        spread(self.served_series, self.bucket_s, start, round_s, rounds, served)
         written += checkpoints * blobs.checkpoint / rounds
-        spread(self.written_series, self.bucket_s, start, round_s, rounds, written)
+        for b, n in rounds_per_bucket(len(self.served_series), self.bucket_s, start, round_s, rounds):
+            self.served_series[b] += n * served
+            self.written_series[b] += n * written
 
     def by_kind(self) -> tuple[dict[str, float], dict[str, float], float]:
         """Bytes served and written by kind, and the blobs moved, over the run so far."""
@@ -255,12 +263,12 @@ class DataPlane:
             )
 
 
-def spread(
-    series: list[float], bucket_s: float, start: float, step: float, count: int, amount: float
-) -> None:
-    """Add ``amount`` at each of ``start + step``, ``start + 2·step`` .. ``start + count·step`` into its
-    bucket of ``bucket_s`` (times past the last bucket into the last), one addition per bucket."""
-    last = len(series) - 1
+def rounds_per_bucket(
+    buckets: int, bucket_s: float, start: float, step: float, count: int
+) -> Iterator[tuple[int, int]]:
+    """How many of the times ``start + step``, ``start + 2·step`` .. ``start + count·step`` fall in each
+    bucket of ``bucket_s`` (past the last bucket: in the last), as (bucket, how many), one per bucket."""
+    last = buckets - 1
     k = 1
     while k <= count:
         b = min(int((start + k * step) // bucket_s), last)
@@ -270,7 +278,7 @@ def spread(
             n = max(1, min(count - k + 1, math.ceil(((b + 1) * bucket_s - start) / step) - k))
             while n > 1 and (start + (k + n - 1) * step) // bucket_s > b:
                 n -= 1
-        series[b] += n * amount
+        yield b, n
         k += n
 
 

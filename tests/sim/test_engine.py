@@ -3,9 +3,11 @@ rounds into one event changes nothing."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuflex.market.pricing import ROUND_OVERHEAD_S, step_seconds
 from gpuflex.sim import engine
 from gpuflex.sim.engine import NO_JOB, Simulation
 from gpuflex.sim.scenario import parse_scenario
@@ -57,11 +59,19 @@ def test_one_event_per_stretch_of_rounds_gives_what_one_event_per_round_gives(ma
             monkeypatch.setattr(sim, "_stretch", lambda job, start, rounds: stretch(job, start, 1))
         sim.run()
         jobs = [(j.state, j.rounds_done, j.worker_rounds, j.reassignments, j.cost_micro) for j in sim.jobs]
-        return jobs, round(sim.count.useful_worker_s, 3), round(sim.count.paid_worker_s, 3), sim.count.events
+        traffic = sim.traffic.served_series + sim.traffic.written_series
+        return (
+            jobs,
+            round(sim.count.useful_worker_s, 3),
+            round(sim.count.paid_worker_s, 3),
+            traffic,
+            sim.count.events,
+        )
 
     batched, per_round = run(False), run(True)
     assert batched[:3] == per_round[:3]
-    assert batched[3] < per_round[3]  # and it took fewer events
+    assert batched[3] == pytest.approx(per_round[3])  # the data plane books each round at its end
+    assert batched[4] < per_round[4]  # and it took fewer events
 
 
 def test_a_seed_replays_the_same_run(make_scenario):
@@ -104,3 +114,28 @@ def test_a_fleet_stretched_to_a_longer_interval_notices_crashes_later(raw_scenar
     waited = (slow.finished_at - slow.started_at) - (base.finished_at - base.started_at)
     # the job stalls until its dead aggregator is noticed: 60 to 90 s after the crash, rather than 4 to 6
     assert waited >= 90 - 30 - 6
+
+
+def test_a_lora_jobs_round_exchanges_its_adapters_not_its_base(raw_scenario):
+    """As quotes time a round (``pricing.trained_count``): an 8B base with 13.6M adapters, int8, over
+    100 Mbit/s links moves 2 x 13.6 MB a round (2 s), not 2 x 8 GB (21 minutes)."""
+    size = {"parameters": 8_030_261_248, "trainable": 13_631_488, "layers": 32, "hidden": 4096}
+    model = {"from": "./llama-3-8b", "block_size": 1024, "size": size}
+    training = {"recipe": "hf-causal-lm", "rounds": 3, "inner_steps": 10, "batch_size": 4}
+    training |= {"compression": "int8", "lora": {"r": 16}, "model": model}
+    job = {"name": "lora", "resources": {"workers": 2, "min_vram_gb": 40}, "training": training}
+    data = raw_scenario(
+        gpus=[{"name": "A100", "share": 1, "vram_gb": 80, "tflops": 312, "price_per_hour": [0.5, 0.5]}],
+        links={"bandwidth_mbps": [100, 100], "latency_ms": [10, 10]},
+        jobs={
+            "arrivals_per_hour_per_1000_nodes": 1,
+            "templates": [{"share": 1, "spec": job | {"budget": 50}}],
+        },
+    )
+    sim = Simulation(parse_scenario(data), nodes=20, hours=1, arrivals=[(0.0, 0)]).run()
+    spec = sim.templates[0].training
+    link = 100e6 / 8  # the workers' own links, slower than the core aggregator's shared 10 Gbit/s
+    compute = 10 * step_seconds(spec, 312)
+    exchange = 2 * 13_631_488 / link + ROUND_OVERHEAD_S + 2 * (0.010 + 0.005)
+    assert sim.jobs[0].state == "completed"
+    assert sim.jobs[0].round_s == pytest.approx(compute + exchange)

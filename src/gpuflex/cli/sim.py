@@ -6,8 +6,9 @@
 
 It loads a scenario (a file, or a shipped one by name: ``gpuflex.sim.scenario.shipped``), runs
 ``gpuflex.sim.engine.Simulation`` and writes its report (JSON + PNG plots) to ``--out``. With
-``--json`` the last line of stdout is ``{"nodes", "sim_hours", "wall_s", "events"}``; without it,
-a progress bar while it runs and a short table after.
+``--json`` the last line of stdout is ``{"nodes", "sim_hours", "wall_s", "events",
+"coordinator_egress_gbit_s"}`` (mean and peak, with every blob relayed and with direct transfers);
+without it, a progress bar while it runs, a short table after and where the object store's bytes go.
 """
 
 from __future__ import annotations
@@ -91,10 +92,36 @@ def _show(r: dict, out: Path) -> None:
     ]
     for name, row in r["cost"]["per_template"].items():
         rows.append((f"{name}: cost ÷ cloud, median", _num(row["cost_over_cloud"]["p50"])))
+    plane = r["data_plane"]
+    for way in ("relayed", "direct"):
+        rates = plane["coordinator"][way]["egress_gbit_s"]
+        rows.append(
+            (
+                f"coordinator egress, {way}: Gbit/s mean / peak",
+                f"{_num(rates['mean'])} / {_num(rates['peak'])}",
+            )
+        )
+    rates = plane["store"]["egress_gbit_s"]
+    rows.append(("object store egress: Gbit/s mean / peak", f"{_num(rates['mean'])} / {_num(rates['peak'])}"))
     for label, value in rows:
         table.add_row(label, value)
     console.print(table)
+    console.print(_store_table(plane))
     console.print(f"report: {out / 'report.json'} and plots in {out}/")
+
+
+def _store_table(plane: dict) -> Table:
+    """What the object store serves, by kind, largest first: where the bandwidth goes."""
+    store = plane["store"]
+    total = store["served_bytes"] or 1.0
+    table = Table(title=f"object store served {store['served_bytes'] / 1e12:.3g} TB")
+    table.add_column("kind")
+    table.add_column("TB", justify="right")
+    table.add_column("share", justify="right")
+    for kind, nbytes in sorted(store["served"].items(), key=lambda item: -item[1]):
+        if nbytes:
+            table.add_row(kind.replace("_", " "), f"{nbytes / 1e12:.3g}", _pct(nbytes / total))
+    return table
 
 
 def _pct(x: float | None) -> str:

@@ -17,5 +17,7 @@ It may use ``market``, ``ledger`` and ``protocol``; never the coordinator or its
                  a placement needs
 - ``engine``     the event loop: sessions, crashes, job arrivals, placement passes, leases, rounds
 - ``bandwidth``  aggregator bandwidth by model size from ``bench/diloco_vs_ddp.py``'s measurements
+- ``dataplane``  the bytes the job mix moves: what the object store serves and is written, what the
+                 coordinator carries with and without direct transfers, control traffic
 - ``report``     ``report.json`` and the PNG plots
 """

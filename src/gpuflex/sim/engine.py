@@ -16,6 +16,9 @@ One heap of timed events, processed in time order; every decision is the network
 - a round's length: ``market.pricing.round_seconds`` on the slowest member's ``step_seconds``, over the
   slowest link (a worker's own, or the aggregator's shared by all workers).
 
+Each grant, published round and completed job books its blobs in the data-plane account
+(``sim.dataplane``), which decides nothing.
+
 What it simplifies, on purpose: a placed task is leased at once (an agent polls within a heartbeat);
 a worker that joins mid-round contributes from the next round; a job's budget is checked when a
 stretch of rounds ends (a stretch never runs past the point where the budget might run out); a
@@ -50,12 +53,13 @@ from gpuflex.market.placement import place_job, start_size
 from gpuflex.market.pricing import (
     ROUND_OVERHEAD_S,
     lease_price,
-    parameter_count,
     round_seconds,
     step_seconds,
+    trained_count,
 )
 from gpuflex.protocol.money import to_micro
 from gpuflex.protocol.spec import JobSpec
+from gpuflex.sim.dataplane import DataPlane
 from gpuflex.sim.index import CandidateIndex
 from gpuflex.sim.population import Churn, Population
 from gpuflex.sim.scenario import Scenario
@@ -157,7 +161,7 @@ class Simulation:
         self.churn = Churn(scenario, self.rng)
         self.templates = [t.spec for t in scenario.jobs.templates]
         self.template_cdf = list(itertools.accumulate(t.share for t in scenario.jobs.templates))
-        self.params = [parameter_count(s.training) for s in self.templates]
+        self.exchanged = [trained_count(s.training) for s in self.templates]  # a round's, as quotes count
         self.template_requirements = [Requirements.from_spec(s) for s in self.templates]
         self.requirements, self.template_class = _classes(self.template_requirements)
         auction = [False] * len(self.requirements)
@@ -195,6 +199,11 @@ class Simulation:
         self._interval = (-1, 0.0)  # (fleet online, heartbeat interval): ``_interval_s``
         self.count = Counters()
         self.samples: list[Sample] = []
+        self.traffic = DataPlane(self.templates, n, self.horizon, scenario.sample_every_s)
+        self.traffic.run_deployments(
+            [(d.spec, round(d.per_1000_nodes * n / 1000)) for d in scenario.deployments],
+            self.churn.mean_session_s(),
+        )
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, int]] = []  # this window's events
         self._later: list[list[tuple[float, int, int, int, int]]] = [
@@ -403,6 +412,8 @@ class Simulation:
         self.n_busy += 1
         self.count.grants += 1
         job.epochs[task] += 1
+        first = task == 0 and job.epochs[0] == 1
+        self.traffic.task_started(self.now, job.template, i, job.rounds_done, first_aggregator=first)
         role = "aggregator" if task == 0 else "worker"
         clearing = None if job.clearing is None else to_micro(job.clearing)
         self.price_micro[i] = lease_price(role, self.ask_micro[i], clearing)
@@ -635,6 +646,7 @@ class Simulation:
             contributors = len([i for i in job.workers if online[i] and granted_at[i] <= start])
         if contributors:
             before = job.rounds_done
+            self.traffic.rounds_published(job.template, start, job.round_s, before, rounds, contributors)
             job.rounds_done += rounds
             job.worker_rounds += rounds * contributors
             self.count.useful_worker_s += job.round_s * rounds * contributors
@@ -651,7 +663,7 @@ class Simulation:
         return round_seconds(
             spec,
             step_seconds(spec, slowest),
-            self.params[job.template],
+            self.exchanged[job.template],
             link_bytes_per_s=link,
             overhead_s=ROUND_OVERHEAD_S + 2 * latency,
         )
@@ -695,6 +707,8 @@ class Simulation:
 
     def _finish(self, job: Job, state: str) -> None:
         job.state, job.finished_at = state, self.now
+        if state == "completed":
+            self.traffic.job_completed(self.now, job.template)
         self.n_running -= 1
         self.n_waiting -= bool(job.queued)
         job.queued = 0  # its queue entries are dropped when they surface

@@ -8,7 +8,10 @@
   cloud GPU at its list price (``scenario.cloud``): worker-rounds x the round's compute on that GPU
   (``market.pricing.step_seconds``, the market's own step model) x its price;
 - ``aggregator_bandwidth.png``: the aggregator bandwidth a model size needs given the measured
-  compression ratios (``sim.bandwidth``), when the benchmark's results are there.
+  compression ratios (``sim.bandwidth``), when the benchmark's results are there;
+- ``data_plane.png``: the coordinator's egress over time with every blob relayed through it and with
+  direct transfers, and the object store's (``sim.dataplane``); ``report.json``'s ``data_plane`` holds
+  the bytes by kind, the totals and the rates.
 
 ``report.json`` holds every number the plots show. Matplotlib draws off-screen (Agg): no display.
 """
@@ -23,7 +26,7 @@ import numpy as np
 
 from gpuflex.market.pricing import step_seconds
 from gpuflex.protocol.money import to_credits
-from gpuflex.sim import bandwidth
+from gpuflex.sim import bandwidth, dataplane
 from gpuflex.sim.engine import Job, Simulation
 from gpuflex.sim.scenario import Cloud
 
@@ -54,11 +57,86 @@ def _quantiles(values: list[float]) -> dict[str, float | None]:
 
 def summary(sim: Simulation, wall_s: float) -> dict:
     """The headline numbers: the line ``--json`` prints last."""
+    plane = data_plane(sim)
     return {
         "nodes": sim.pop.n,
         "sim_hours": sim.horizon / 3600,
         "wall_s": round(wall_s, 3),
         "events": sim.count.events,
+        "coordinator_egress_gbit_s": {
+            way: plane["coordinator"][way]["egress_gbit_s"] for way in ("relayed", "direct")
+        },
+    }
+
+
+def data_plane(sim: Simulation) -> dict:
+    """Bytes and rates of the data plane: what the store serves (and is written), and what the
+    coordinator carries when every blob passes through it (``relayed``) and with direct transfers
+    (``direct``: control traffic and one call per blob for its URL)."""
+    account, horizon, bucket_s = sim.traffic, sim.horizon, sim.traffic.bucket_s
+    samples = [(s.t, s.online, s.busy) for s in sim.samples]
+    control_in, control_out, calls = dataplane.control_bytes(samples, sim.scenario.network, horizon, bucket_s)
+    per_transfer_in, per_transfer_out = dataplane.TRANSFER_CALL_BYTES
+    served_by_kind, written_by_kind, transfers = account.by_kind()
+    served, written = account.served_series, account.written_series
+    spans = [min(bucket_s, horizon - b * bucket_s) for b in range(len(served))]
+    # the calls for URLs, spread as the bytes they fetch are
+    total_moved = sum(served) + sum(written) or 1.0
+    urls = [transfers * (sv + wr) / total_moved for sv, wr in zip(served, written, strict=True)]
+    ways = {
+        "relayed": (
+            [s + c for s, c in zip(served, control_out, strict=True)],
+            [w + c for w, c in zip(written, control_in, strict=True)],
+        ),
+        "direct": (
+            [c + u * per_transfer_out for c, u in zip(control_out, urls, strict=True)],
+            [c + u * per_transfer_in for c, u in zip(control_in, urls, strict=True)],
+        ),
+    }
+    return {
+        "bucket_s": bucket_s,
+        "store": {
+            "served_bytes": sum(served),
+            "written_bytes": sum(written),
+            "served": served_by_kind,
+            "written": written_by_kind,
+            "egress_gbit_s": _rates(served, spans),
+            "transfers": transfers,
+        },
+        "control": {"bytes_in": sum(control_in), "bytes_out": sum(control_out), **calls},
+        "coordinator": {
+            way: {
+                "egress_bytes": sum(out),
+                "ingress_bytes": sum(into),
+                "carried_bytes": sum(out) + sum(into),
+                "egress_gbit_s": _rates(out, spans),
+                "ingress_gbit_s": _rates(into, spans),
+            }
+            for way, (out, into) in ways.items()
+        },
+        "node_cache": {"hits": account.cache_hits, "bytes_saved": account.cache_saved},
+        "deployments": account.deployments,
+        "series": [
+            {
+                "t_h": b * bucket_s / 3600,
+                "store_egress_gbit_s": _gbit_s(served[b], spans[b]),
+                "relayed_egress_gbit_s": _gbit_s(ways["relayed"][0][b], spans[b]),
+                "direct_egress_gbit_s": _gbit_s(ways["direct"][0][b], spans[b]),
+            }
+            for b in range(len(served))
+        ],
+    }
+
+
+def _gbit_s(nbytes: float, seconds: float) -> float:
+    return nbytes * 8 / 1e9 / seconds if seconds > 0 else 0.0
+
+
+def _rates(series: list[float], spans: list[float]) -> dict[str, float]:
+    """The mean over the run and the busiest bucket's mean, in Gbit/s."""
+    return {
+        "mean": _gbit_s(sum(series), sum(spans)),
+        "peak": max((_gbit_s(b, s) for b, s in zip(series, spans, strict=True)), default=0.0),
     }
 
 
@@ -117,6 +195,7 @@ def build(sim: Simulation, wall_s: float, bench_results: Path | None, cpu_s: flo
             "per_template": per_template,
         },
         "aggregator_bandwidth": _bandwidth(sim, bench_results),
+        "data_plane": data_plane(sim),
     }
     return report
 
@@ -144,6 +223,7 @@ def write(
     _plot_cost(report, out / "cost_vs_cloud.png")
     if report["aggregator_bandwidth"]["rows"]:
         _plot_bandwidth(report, out / "aggregator_bandwidth.png")
+    _plot_data_plane(report, out / "data_plane.png")
     return report
 
 
@@ -237,5 +317,22 @@ def _plot_bandwidth(report: dict, path: Path) -> None:
     ax.set_xlabel("model parameters")
     ax.set_ylabel("aggregator bandwidth, Gbit/s (in + out)")
     ax.set_title(f"{r0['workers']} workers, rounds of {r0['round_s'] / 60:g} min")
+    ax.legend()
+    _save(fig, path)
+
+
+def _plot_data_plane(report: dict, path: Path) -> None:
+    series = report["data_plane"]["series"]
+    fig, ax = _figure()
+    t = [b["t_h"] for b in series]
+    for key, label, style in (  # relayed, the coordinator's egress lies just above the store's: dashed
+        ("store_egress_gbit_s", "object store", "-"),
+        ("relayed_egress_gbit_s", "coordinator, every blob relayed", "--"),
+        ("direct_egress_gbit_s", "coordinator, direct transfers", "-"),
+    ):
+        ax.plot(t, [b[key] for b in series], style, label=label)
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_xlabel("hours")
+    ax.set_ylabel(f"egress, Gbit/s (mean over {report['data_plane']['bucket_s'] / 60:g} min)")
     ax.legend()
     _save(fig, path)

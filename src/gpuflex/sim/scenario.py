@@ -20,6 +20,7 @@ and the on-demand cloud the costs are compared with::
     jobs: {arrivals_per_hour_per_1000_nodes: 2.0, templates: [{share: 1, spec: {<a job spec>}}]}
     cloud: {name: AWS p5 (H100), price_per_hour: 12.29, tflops: 989}
     aggregator_link: {model_params: [1.25e8, 7e9], workers: 64, round_minutes: 10}   # optional
+    deployments: [{per_1000_nodes: 2, spec: {<a deployment spec with model.size>}}]    # optional
 
 The shipped scenarios (``scenarios/*.yaml``) say where each number comes from, and which are
 assumptions.
@@ -34,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuflex.errors import SpecError
+from gpuflex.protocol.deployment import DeploymentSpec
 from gpuflex.protocol.spec import JobSpec, describe_validation_error
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -133,6 +135,20 @@ class Jobs(_Strict):
     templates: Annotated[list[JobTemplate], Field(min_length=1)]
 
 
+class Deployments(_Strict):
+    """Deployments that serve through the whole run, this many per 1,000 nodes: the engine does not place
+    them; the data plane counts their replicas' model downloads (``sim.dataplane``)."""
+
+    per_1000_nodes: Positive
+    spec: DeploymentSpec  # a real deployment spec; ``model.size`` weighs its model
+
+    @model_validator(mode="after")
+    def _sized(self) -> Deployments:
+        if self.spec.model.size is None:
+            raise ValueError("spec.model.size is needed: it weighs the model each replica downloads")
+        return self
+
+
 class Cloud(_Strict):
     """The on-demand cloud a job's cost is compared with: one GPU at its list price."""
 
@@ -165,6 +181,7 @@ class Scenario(_Strict):
     jobs: Jobs
     cloud: Cloud
     aggregator_link: AggregatorLink = Field(default_factory=AggregatorLink)
+    deployments: list[Deployments] = Field(default_factory=list)
     sample_every_s: Positive = Field(600.0, description="how often the report samples the network")
 
     @model_validator(mode="after")

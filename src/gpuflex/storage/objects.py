@@ -2,14 +2,17 @@
 S3-compatible service (MinIO, Ceph, R2, ... through s3fs), or ``memory://`` for tests.
 
 Several coordinator replicas share one store this way, where a local directory would need a shared
-disk. An object is written whole or not at all, so no temporary name is needed; keys are laid out as
-the local store lays out files (``ab/abcd…``), so a blob directory can be copied into a bucket as is.
+disk. An upload is spooled to a local temporary file until it checks out, then written as one object
+(whole or not at all, so the bucket needs no temporary name); a read is a seekable file that fetches
+ranges as it is read. Keys are laid out as the local store lays out files (``ab/abcd…``), so a blob
+directory can be copied into a bucket as is.
 Listings are never cached: another replica's write must be visible at once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import fsspec
 
@@ -31,11 +34,17 @@ class FsspecBlobStore(BlobStore):
     def exists(self, digest: str) -> bool:
         return self.fs.exists(self._key(digest))
 
-    def get(self, digest: str) -> bytes:
+    def open(self, digest: str) -> BinaryIO:
         try:
-            return self.fs.cat_file(self._key(digest))
+            return self.fs.open(self._key(digest), "rb")
         except FileNotFoundError:
             raise NotFound(f"no blob {digest}") from None
 
-    def _write(self, digest: str, data: bytes) -> None:
-        self.fs.pipe_file(self._key(digest), data)
+    def size(self, digest: str) -> int:
+        try:
+            return self.fs.size(self._key(digest))
+        except FileNotFoundError:
+            raise NotFound(f"no blob {digest}") from None
+
+    def _commit(self, digest: str, written: Path) -> None:
+        self.fs.put_file(str(written), self._key(digest))

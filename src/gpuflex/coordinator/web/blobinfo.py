@@ -1,6 +1,6 @@
 """Sizes and parameter counts of blobs, remembered: a blob is named by its hash, so neither ever changes.
 
-The blob store has no ``size`` call, so the first look reads the blob; later looks are a dict hit.
+The first look asks the store (a parameter count reads the blob); later looks are a dict hit.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class BlobInfo:
             return self._sizes[digest]
         if not self.store.exists(digest):
             return 0
-        return self._remember(self._sizes, digest, len(self.store.get(digest)))
+        return self._remember(self._sizes, digest, self.store.size(digest))
 
     def params(self, digest: str | None) -> int:
         """How many numbers a safetensors blob holds (0 if none or not safetensors)."""

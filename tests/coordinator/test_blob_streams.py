@@ -1,14 +1,21 @@
 """Blobs stream through the coordinator: ranges of a download (206, 416), an upload refused as it
-arrives (413 past the limit, 400 for a wrong hash) leaving nothing behind, and a node's signed upload
-checked before its body is read."""
+arrives (413 past the limit, 400 for a wrong hash) leaving nothing behind, a node's signed upload
+checked before its body is read, and a download cut off mid-body resumed from where it stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import re
+import socket
+import threading
 
 import pytest
 
+from gpuflex.client import NodeClient
+from gpuflex.client.http import RESUMES
+from gpuflex.errors import ServiceError
 from gpuflex.testing import wait_for
 
 from .conftest import running_coordinator
@@ -134,3 +141,81 @@ def test_a_node_signs_an_upload_whose_body_must_then_hash_to_its_key(coordinator
     response = coordinator.http.put(path, content=other, headers=forged)
     assert response.status_code == 401 and "signature" in response.json()["detail"]
     assert not coordinator.ctx.blobs.exists(hashlib.sha256(other).hexdigest())
+
+
+class CuttingProxy:
+    """A loopback TCP proxy to the coordinator that closes its first ``cuts`` connections once it has
+    passed ``after`` bytes of the answer, as a dropped link ends a download; it keeps what each
+    connection asked (its request bytes) and how many answer bytes it passed."""
+
+    def __init__(self, target: str, *, after: int, cuts: int = 1):
+        self.target = target.removeprefix("http://").split(":")
+        self.after, self.cuts = after, cuts
+        self.asked: list[bytes] = []
+        self.passed: list[int] = []
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self._server.accept()
+                upstream = socket.create_connection((self.target[0], int(self.target[1])))
+                index = len(self.asked)
+                self.asked.append(b"")
+                self.passed.append(0)
+                threading.Thread(target=self._ask, args=(client, upstream, index), daemon=True).start()
+                threading.Thread(target=self._answer, args=(upstream, client, index), daemon=True).start()
+
+    def _ask(self, client: socket.socket, upstream: socket.socket, index: int) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                self.asked[index] += data
+                upstream.sendall(data)
+
+    def _answer(self, upstream: socket.socket, client: socket.socket, index: int) -> None:
+        limit = self.after if index < self.cuts else None
+        with contextlib.suppress(OSError), client, upstream:
+            while data := upstream.recv(65536):
+                if limit is not None:
+                    data = data[: limit - self.passed[index]]
+                client.sendall(data)
+                self.passed[index] += len(data)
+                if limit is not None and self.passed[index] >= limit:
+                    for end in (client, upstream):  # shut down, not just closed: a reader blocked on
+                        end.shutdown(socket.SHUT_RDWR)  # the socket in another thread would keep it open
+                    return
+
+
+def test_an_interrupted_download_resumes_where_it_stopped(coordinator):
+    blob = os.urandom(2 << 20)
+    coordinator.ctx.blobs.put(blob)
+    node = coordinator.node("n1")
+    proxy = CuttingProxy(coordinator.url, after=1 << 20)
+    try:
+        fetched = NodeClient(proxy.url, node.key).get_blob(hashlib.sha256(blob).hexdigest())
+    finally:
+        proxy.close()
+    assert fetched == blob
+    assert len(proxy.asked) == 2, "one cut, one resume"
+    assert b"range:" not in proxy.asked[0].lower()
+    (resumed_from,) = re.findall(rb"(?i)^range: bytes=(\d+)-\r$", proxy.asked[1], re.MULTILINE)
+    assert 0 < int(resumed_from) < len(blob)
+    # The resumed answer carries the rest alone: its headers and the bytes not yet received.
+    assert len(blob) - int(resumed_from) <= proxy.passed[1] < len(blob) - int(resumed_from) + 1024
+
+
+def test_a_download_cut_off_every_time_gives_up_saying_so(coordinator):
+    coordinator.ctx.blobs.put(BLOB)
+    node = coordinator.node("n1")
+    proxy = CuttingProxy(coordinator.url, after=1000, cuts=100)
+    try:
+        with pytest.raises(ServiceError, match=f"cut off {RESUMES + 1} times"):
+            NodeClient(proxy.url, node.key).get_blob(DIGEST)
+    finally:
+        proxy.close()
+    assert len(proxy.asked) == RESUMES + 1

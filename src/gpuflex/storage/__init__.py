@@ -3,6 +3,7 @@
 - ``blobs``    the ``BlobStore`` interface, key validation, and the local-directory store
 - ``objects``  the same in any fsspec filesystem: S3 and S3-compatible services, ``memory://``
 - ``bundles``  a directory (a model's) as blobs: a manifest, files cut into parts under the blob limit
+- ``fetching`` many blobs fetched a few at a time, in order (a model file's parts, a job's shards)
 """
 
 from gpuflex.storage.blobs import BlobStore, LocalBlobStore, sha256_hex, validate_digest

@@ -190,7 +190,6 @@ def get_blob(http: HttpSession, digest: str) -> bytes:
 
 def _blob_length(response: httpx.Response) -> int | None:
     """The whole blob's length as a (partial) response states it, if it does."""
-    stated = response.headers.get("content-range", "").rpartition("/")[2] or response.headers.get(
-        "content-length"
-    )
-    return int(stated) if stated and stated.isdigit() else None
+    whole = response.headers.get("content-range", "").rpartition("/")[2]
+    stated = whole or response.headers.get("content-length", "")
+    return int(stated) if stated.isdigit() else None

@@ -45,7 +45,7 @@ def streamed_blob(
 
 def requested_span(header: str | None, size: int) -> tuple[int, int] | None:
     """The bytes ``[start, stop)`` of a blob of ``size`` that a Range header asks for; None for the whole
-    blob (no header, or one this route ignores). RangeNotSatisfiable if the range starts past the end."""
+    blob (no header, or one that is ignored). RangeNotSatisfiable if the range starts past the end."""
     match = _ONE_RANGE.fullmatch(header.strip()) if header else None
     if match is None or match.groups() == ("", ""):
         return None

@@ -10,6 +10,7 @@ GPUFlexError
 ├── Conflict            state does not allow it (stale epoch, ...) -> 409
 │   └── InsufficientFunds
 ├── PayloadTooLarge     body or blob over the limit                -> 413
+├── RangeNotSatisfiable a byte range that starts past a blob's end  -> 416
 ├── RateLimited         too many requests; retry after a while     -> 429
 └── ServiceError        the coordinator could not be reached or answered 5xx
 """
@@ -61,6 +62,10 @@ class PayloadTooLarge(GPUFlexError):
     status_code = 413
 
 
+class RangeNotSatisfiable(GPUFlexError):
+    status_code = 416
+
+
 class RateLimited(GPUFlexError):
     status_code = 429
 
@@ -81,6 +86,7 @@ _BY_STATUS = {
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,
+    416: RangeNotSatisfiable,
     429: RateLimited,
     422: SpecError,
 }

@@ -1,3 +1,4 @@
+import hashlib
 import stat
 import time
 
@@ -12,7 +13,7 @@ def _verify(key: NodeKey, headers, *, method="POST", path="/v1/nodes/lease", bod
         key.public_key_hex,
         method,
         path,
-        body,
+        hashlib.sha256(body).hexdigest(),
         headers,
         now=time.time() if now is None else now,
         max_skew_s=skew,

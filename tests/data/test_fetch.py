@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from gpuflex.data.cache import ShardCache
@@ -11,6 +13,7 @@ from gpuflex.data.prepare import prepare
 from gpuflex.data.sources import Source
 from gpuflex.data.tokenizer import load_tokenizer
 from gpuflex.errors import HashMismatch
+from gpuflex.storage.fetching import FETCH_WORKERS
 from gpuflex.testing import CountingBlobs
 
 
@@ -67,3 +70,23 @@ def test_a_cached_shard_damaged_on_disk_is_fetched_again(prepared, tmp_path):
     path.write_bytes(b"\0" * path.stat().st_size)  # another task, or the disk, spoilt it
     assert FetchedShards(store.fetch, cache).open(shard, manifest.dtype).tolist()[:3] == [48, 32, 49]  # '0 1'
     assert store.fetched == [shard.sha256] * 2
+
+
+def test_shards_asked_for_together_are_fetched_at_once_each_once_and_given_in_order(prepared, tmp_path):
+    manifest = read_manifest(prepared)
+    shards = (manifest.train + manifest.validation)[:FETCH_WORKERS]
+    store = served(prepared)
+    together = threading.Barrier(len(shards), timeout=30)  # broken unless every fetch runs at once
+
+    def fetch(digest: str) -> bytes:
+        together.wait()
+        return store.fetch(digest)
+
+    reader = FetchedShards(fetch, ShardCache(tmp_path / "cache", limit_bytes=10_000))
+    asked = [*shards, shards[0]]
+    opened = reader.open_all(asked, manifest.dtype)
+    assert [t.tolist() for t in opened] == [
+        LocalShards(prepared).open(s, manifest.dtype).tolist() for s in asked
+    ]
+    assert sorted(store.fetched) == sorted(s.sha256 for s in shards)  # each once
+    assert reader.opened == [s.file for s in shards]

@@ -1,11 +1,13 @@
 """A directory as blobs: parts under the blob limit, joined and checked on the way back."""
 
 import hashlib
+import threading
 
 import pytest
 
 from gpuflex.errors import BadRequest
-from gpuflex.storage.bundles import Bundle, bundle_directory, materialize, model_problem
+from gpuflex.storage.bundles import Bundle, bundle_directory, file_parts, materialize, model_problem
+from gpuflex.storage.fetching import FETCH_WORKERS
 
 
 @pytest.fixture
@@ -70,3 +72,18 @@ def test_a_bundle_stored_as_other_keys_fetches_by_them_and_checks_what_it_opens(
     stored[key] = b"{}"  # opened to other bytes than the manifest's plaintext hash: refused
     with pytest.raises(BadRequest, match=r"config\.json arrived corrupted"):
         materialize(sealed, stored.__getitem__, tmp_path / "again")
+
+
+def test_a_files_parts_are_fetched_at_once_and_joined_in_order(directory, tmp_path):
+    bundle, parts = bundle_directory(directory, part_bytes=1280)  # the weights: 8 parts, two barriers full
+    store = {p.sha256: p.read() for p in parts}
+    together = threading.Barrier(FETCH_WORKERS, timeout=30)  # broken unless that many fetches run at once
+
+    def fetch(key: str) -> bytes:
+        together.wait()
+        return store[key]
+
+    weights = bundle.file("model.safetensors")
+    assert len(weights.parts) == 2 * FETCH_WORKERS
+    joined = b"".join(file_parts(weights, fetch))
+    assert joined == (directory / "model.safetensors").read_bytes()

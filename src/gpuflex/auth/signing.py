@@ -28,8 +28,13 @@ HEADER_SIGNATURE = "X-GPUFlex-Signature"
 
 
 def canonical_message(method: str, path: str, body: bytes, timestamp: str, nonce: str) -> bytes:
-    body_hash = hashlib.sha256(body).hexdigest()
-    return "\n".join([method.upper(), path, body_hash, timestamp, nonce]).encode()
+    return _message(method, path, hashlib.sha256(body).hexdigest(), timestamp, nonce)
+
+
+def _message(method: str, path: str, body_sha256: str, timestamp: str, nonce: str) -> bytes:
+    """The signed text names the body by its hash: a verifier that knows the hash (a blob upload's key,
+    which the body must hash to) checks the signature before the body arrives."""
+    return "\n".join([method.upper(), path, body_sha256, timestamp, nonce]).encode()
 
 
 def node_id_for(public_key_hex: str) -> str:
@@ -146,7 +151,7 @@ def signed_request(
     public_key_hex: str,
     method: str,
     path: str,
-    body: bytes,
+    body_sha256: str,
     headers: Mapping[str, str],
     *,
     now: float,
@@ -167,5 +172,5 @@ def signed_request(
         raise Unauthorized("malformed nonce")
     if abs(now - sent_at) > max_skew_s:
         raise Unauthorized(f"request timestamp is more than {max_skew_s:.0f}s from the coordinator's clock")
-    message = canonical_message(method, path, body, timestamp, nonce)
+    message = _message(method, path, body_sha256, timestamp, nonce)
     return SignedRequest(public_key_hex, signature, message, nonce)

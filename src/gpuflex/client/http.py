@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,7 @@ from gpuflex.client import direct
 from gpuflex.errors import BadRequest, HashMismatch, ServiceError, from_status
 
 RETRYABLE_STATUS = {502, 503, 504}
+RESUMES = 4  # a download cut off mid-body is resumed from where it stopped at most this many times
 
 
 class HttpSession:
@@ -69,14 +71,29 @@ class HttpSession:
         json: object = None,
         content: bytes | None = None,
         params: dict | None = None,
+        headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """Send one request; retry connection failures and 5xx for up to ``retry_for_s`` seconds."""
+        return self._request(method, path, json, content, params, headers, stream=False)
+
+    @contextmanager
+    def stream(
+        self, method: str, path: str, *, headers: dict[str, str] | None = None
+    ) -> Iterator[httpx.Response]:
+        """``request`` whose body is read as it arrives (``iter_bytes``); closed on leaving."""
+        response = self._request(method, path, None, None, None, headers, stream=True)
+        try:
+            yield response
+        finally:
+            response.close()
+
+    def _request(self, method, path, json, content, params, headers, *, stream: bool) -> httpx.Response:
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.2
         untried = len(self.urls) - 1  # the other coordinators, each tried at once on a failure
         while True:
             try:
-                response = self._send(method, path, json=json, content=content, params=params)
+                response = self._send(method, path, json, content, params, headers, stream)
             except httpx.TransportError as err:
                 if _untrusted(err):  # retrying will not make the certificate trusted
                     raise ServiceError(
@@ -93,16 +110,19 @@ class HttpSession:
             else:
                 if response.status_code not in RETRYABLE_STATUS or time.monotonic() >= deadline:
                     return _checked(response)
+                response.close()
             time.sleep(delay)
             delay = min(delay * 2, 1.0)  # a restarted coordinator is back within a second of it
 
-    def _send(self, method, path, *, json, content, params) -> httpx.Response:
+    def _send(self, method, path, json, content, params, headers, stream) -> httpx.Response:
         url = self.base_url + path
-        request = self._http.build_request(method, url, json=json, content=content, params=params)
+        request = self._http.build_request(
+            method, url, json=json, content=content, params=params, headers=headers
+        )
         if self.sign is not None:
             target = request.url.raw_path.decode()
             request.headers.update(self.sign(method, target, request.read()))
-        return self._http.send(request)
+        return self._http.send(request, stream=stream)
 
 
 def trusting(ca: str | Path | None) -> ssl.SSLContext | bool:
@@ -126,6 +146,7 @@ def _untrusted(err: httpx.TransportError) -> str | None:
 def _checked(response: httpx.Response) -> httpx.Response:
     if response.is_success or response.is_redirect:  # a blob's presigned URL: see ``client.direct``
         return response
+    response.read()  # a streamed response's error body
     try:
         detail = response.json().get("detail", response.text)
     except ValueError:
@@ -140,11 +161,38 @@ def _checked(response: httpx.Response) -> httpx.Response:
 
 
 def get_blob(http: HttpSession, digest: str) -> bytes:
-    """A blob by its hash, checked: a task's and a node's read (``HashMismatch`` if it arrived corrupted)."""
-    response = http.request("GET", f"/v1/blobs/{digest}")
-    if response.is_redirect:
-        return direct.fetch(response.headers["Location"], digest, retry_for_s=http.retry_for_s)
-    data = response.content
+    """A blob by its hash, checked: a task's and a node's read (``HashMismatch`` if it arrived corrupted).
+
+    It streams in, and a connection cut mid-body is resumed with ``Range: bytes=<received>-`` (at most
+    ``RESUMES`` times), so a large blob's bytes already here are not fetched again."""
+    received, length = bytearray(), None
+    for resumes_left in range(RESUMES, -1, -1):
+        headers = {"Range": f"bytes={len(received)}-"} if received else None
+        try:
+            with http.stream("GET", f"/v1/blobs/{digest}", headers=headers) as response:
+                if response.is_redirect:  # in an object store: its presigned URL serves the bytes
+                    return direct.fetch(response.headers["Location"], digest, retry_for_s=http.retry_for_s)
+                if response.status_code != 206:  # the whole blob, from its first byte
+                    received.clear()
+                length = _blob_length(response)
+                for chunk in response.iter_bytes():
+                    received += chunk
+            break
+        except httpx.TransportError as err:
+            if len(received) == length:  # cut after its last byte
+                break
+            if not resumes_left:
+                raise ServiceError(
+                    f"the download of blob {digest} was cut off {RESUMES + 1} times: {err}"
+                ) from None
+    data = bytes(received)
     if hashlib.sha256(data).hexdigest() != digest:
         raise HashMismatch(f"blob {digest} arrived corrupted")
     return data
+
+
+def _blob_length(response: httpx.Response) -> int | None:
+    """The whole blob's length as a (partial) response states it, if it does."""
+    whole = response.headers.get("content-range", "").rpartition("/")[2]
+    stated = whole or response.headers.get("content-length", "")
+    return int(stated) if stated.isdigit() else None

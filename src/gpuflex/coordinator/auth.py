@@ -9,6 +9,7 @@ that proves nobody is charged to the client's address.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from dataclasses import dataclass
 from typing import Annotated
@@ -119,15 +120,26 @@ def operator(request: Request, ctx: Ctx) -> None:
         raise Forbidden("only the operator may do this")
 
 
-async def signed_request(request: Request) -> tuple[str, str, bytes, object]:
+async def signed_request(request: Request) -> tuple[str, str, str, object]:
     """The parts of a request a node signs: the path as sent (still percent-encoded, as the client
-    signed it), its query, the body and the headers."""
+    signed it), its query, the body's sha256 and the headers."""
+    return _signed(request, hashlib.sha256(await request.body()).hexdigest())
+
+
+def signed_upload(request: Request) -> tuple[str, str, str, object]:
+    """A blob upload's signed parts, its body unread: the body must hash to the key in the path (the
+    store refuses it otherwise), so the key stands for the body's hash, and the body streams in after."""
+    return _signed(request, request.path_params["digest"])
+
+
+def _signed(request: Request, body_sha256: str) -> tuple[str, str, str, object]:
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
     path = raw_path.decode("latin-1") + (f"?{request.url.query}" if request.url.query else "")
-    return request.method, path, await request.body(), request.headers
+    return request.method, path, body_sha256, request.headers
 
 
 SignedRequest = Annotated[tuple, Depends(signed_request)]
+SignedUpload = Annotated[tuple, Depends(signed_upload)]
 
 
 async def verified_signature(signed: SignedRequest, ctx: Ctx) -> tuple[str, str]:
@@ -146,9 +158,15 @@ async def verified_signature(signed: SignedRequest, ctx: Ctx) -> tuple[str, str]
         if public_key is None:
             raise Unauthorized("unknown node: register first")
         ctx.node_keys[node_id] = public_key
-    method, path, body, headers = signed
+    method, path, body_sha256, headers = signed
     nonce = signing.signed_request(
-        public_key, method, path, body, headers, now=ctx.now(), max_skew_s=ctx.settings.signature_max_skew_s
+        public_key,
+        method,
+        path,
+        body_sha256,
+        headers,
+        now=ctx.now(),
+        max_skew_s=ctx.settings.signature_max_skew_s,
     ).verify()
     return node_id, nonce
 
@@ -183,6 +201,11 @@ async def blob_writer(request: Request, ctx: Ctx, signed: SignedRequest) -> str:
     return await blob_reader(request, ctx, signed)
 
 
+async def blob_uploader(request: Request, ctx: Ctx, signed: SignedUpload) -> str:
+    """A blob writer known before its upload's body is read (the route streams it into the store)."""
+    return await blob_writer(request, ctx, signed)
+
+
 async def anyone(request: Request, ctx: Ctx, signed: SignedRequest) -> None:
     """Who reads the network's public record (the journal, verdicts, governance, offers): anyone, so
     anyone can audit. A caller that shows an API token or a node signature is checked (401 if bad) and
@@ -203,5 +226,6 @@ VerifiedSignature = Annotated[tuple[str, str], Depends(verified_signature)]
 TaskLease = Annotated[Lease, Depends(current_task)]
 BlobReader = Annotated[str, Depends(blob_reader)]
 BlobWriter = Annotated[str, Depends(blob_writer)]
+BlobUploader = Annotated[str, Depends(blob_uploader)]
 Anonymous = Depends(anonymous_call)
 Public = Depends(anyone)

@@ -19,6 +19,7 @@ so it too is handed over and refused by the route.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable
 
@@ -98,7 +99,7 @@ class NodeCallFastPath:
                 public_key,
                 "POST",
                 path,
-                body,
+                hashlib.sha256(body).hexdigest(),
                 headers,
                 now=self.ctx.now(),
                 max_skew_s=self.ctx.settings.signature_max_skew_s,

@@ -17,7 +17,8 @@ from __future__ import annotations
 import hashlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -27,29 +28,38 @@ from gpuflex.data.cache import Pin, ShardCache
 from gpuflex.data.manifest import Dtype, Shard, map_shard, numpy_dtype, open_shard
 from gpuflex.errors import BadRequest, HashMismatch
 from gpuflex.storage.blobs import sha256_hex
+from gpuflex.storage.fetching import FETCH_WORKERS
 
 FETCH_TRIES = 2  # a blob whose bytes do not match is fetched once more before the task gives up
 T = TypeVar("T")
 
 
 class ShardReader(ABC):
-    """Opens shards, each once per process (thread-safe); ``opened`` lists their files in order. ``cache``:
-    the node's cache it fetches into, if any (the task's model files go there too)."""
+    """Opens shards, each once per process (thread-safe), ``FETCH_WORKERS`` at a time; ``opened`` lists
+    their files in the order asked for. ``cache``: the node's cache it fetches into, if any (the task's
+    model files go there too). A shard that failed to open fails the same way when asked for again."""
 
     cache: ShardCache | None = None
 
     def __init__(self) -> None:
-        self._open: dict[str, np.ndarray] = {}
+        self._open: dict[str, Future[np.ndarray]] = {}
         self._lock = threading.Lock()
+        self._loader = ThreadPoolExecutor(FETCH_WORKERS, thread_name_prefix="shard-open")
         self.opened: list[str] = []
 
     def open(self, shard: Shard, dtype: Dtype) -> np.ndarray:
         """The shard's tokens (read-only), once its bytes hash to ``shard.sha256``."""
+        return self.open_all([shard], dtype)[0]
+
+    def open_all(self, shards: Sequence[Shard], dtype: Dtype) -> list[np.ndarray]:
+        """Each shard's tokens as ``open`` gives them, in order; those not open yet are loaded at once."""
         with self._lock:
-            if shard.sha256 not in self._open:
-                self._open[shard.sha256] = self._load(shard, dtype)
-                self.opened.append(shard.file)
-            return self._open[shard.sha256]
+            for shard in shards:
+                if shard.sha256 not in self._open:
+                    self._open[shard.sha256] = self._loader.submit(self._load, shard, dtype)
+                    self.opened.append(shard.file)
+            loads = [self._open[shard.sha256] for shard in shards]
+        return [load.result() for load in loads]
 
     @abstractmethod
     def _load(self, shard: Shard, dtype: Dtype) -> np.ndarray: ...

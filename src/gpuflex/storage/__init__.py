@@ -4,6 +4,7 @@
 - ``objects``  the same in any fsspec filesystem: S3 and S3-compatible services (which sign URLs for
                direct transfers), ``memory://``
 - ``bundles``  a directory (a model's) as blobs: a manifest, files cut into parts under the blob limit
+- ``fetching`` many blobs fetched a few at a time, in order (a model file's parts, a job's shards)
 """
 
 from gpuflex.storage.blobs import BlobStore, LocalBlobStore, Presigned, sha256_hex, validate_digest

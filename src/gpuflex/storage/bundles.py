@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuflex.errors import BadRequest, HashMismatch
 from gpuflex.storage.blobs import validate_digest
+from gpuflex.storage.fetching import in_order
 
 FORMAT = "gpuflex-bundle/1"
 CHUNK = 1 << 20  # bytes read at a time while hashing or joining
@@ -189,10 +190,11 @@ def write_file(entry: FileEntry, fetch: Callable[[str], bytes], target: Path) ->
 
 
 def file_parts(entry: FileEntry, fetch: Callable[[str], bytes]) -> Iterator[bytes]:
-    """A file's parts in order, each fetched by its key when asked for and checked (one in memory at a
-    time; an encrypted job's ``fetch`` opens it first); the caller checks the whole file's hash."""
-    for part in entry.parts:
-        data = fetch(validate_digest(part.key))
+    """A file's parts in order, each fetched by its key and checked (``FETCH_WORKERS`` fetched at once,
+    ahead of the one the caller holds; an encrypted job's ``fetch`` opens it first); the caller checks the
+    whole file's hash."""
+    keys = [validate_digest(part.key) for part in entry.parts]
+    for part, data in zip(entry.parts, in_order(fetch, keys), strict=True):
         if len(data) != part.size or hashlib.sha256(data).hexdigest() != part.sha256:
             raise HashMismatch(f"a part of {entry.name} arrived corrupted (its sha256 does not match)")
         yield data

@@ -2,8 +2,10 @@
 S3-compatible service (MinIO, Ceph, R2, ... through s3fs), or ``memory://`` for tests.
 
 Several coordinator replicas share one store this way, where a local directory would need a shared
-disk. An object is written whole or not at all, so no temporary name is needed; keys are laid out as
-the local store lays out files (``ab/abcd…``), so a blob directory can be copied into a bucket as is.
+disk. An upload is spooled to a local temporary file until it checks out, then written as one object
+(whole or not at all, so the bucket needs no temporary name); a read is a seekable file that fetches
+ranges as it is read. Keys are laid out as the local store lays out files (``ab/abcd…``), so a blob
+directory can be copied into a bucket as is.
 Listings are never cached: another replica's write must be visible at once.
 
 On S3 the coordinator signs URLs instead of carrying bytes (SigV4: a signature covers the key, the
@@ -20,7 +22,8 @@ import base64
 import re
 import secrets
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import fsspec
 
@@ -64,9 +67,9 @@ class FsspecBlobStore(BlobStore):
     def exists(self, digest: str) -> bool:
         return self.fs.exists(self._key(digest))
 
-    def get(self, digest: str) -> bytes:
+    def open(self, digest: str) -> BinaryIO:
         try:
-            return self.fs.cat_file(self._key(digest))
+            return self.fs.open(self._key(digest), "rb")
         except FileNotFoundError:
             raise NotFound(f"no blob {digest}") from None
 
@@ -76,8 +79,8 @@ class FsspecBlobStore(BlobStore):
         except FileNotFoundError:
             raise NotFound(f"no blob {digest}") from None
 
-    def _write(self, digest: str, data: bytes) -> None:
-        self.fs.pipe_file(self._key(digest), data)
+    def _commit(self, digest: str, written: Path) -> None:
+        self.fs.put_file(str(written), self._key(digest))
 
     def presign_get(self, digest: str, expires_at: float) -> Presigned | None:
         if not self.signs_urls:

@@ -14,6 +14,7 @@ _WHY = {
     404: "no such id (or not yours)",
     409: "the current state does not allow it, or an id prefix fits several ids (the detail lists them)",
     413: "the body is over the size limit",
+    416: "the Range starts past the blob's end",
     422: "a field is missing or invalid (the detail names it)",
     429: "too many requests: retry after Retry-After seconds",
     503: "the database is busy: retry after Retry-After seconds",

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 
 from gpuflex.coordinator import presigned
 from gpuflex.coordinator.auth import Consumer, Ctx
+from gpuflex.coordinator.downloads import streamed_blob
 from gpuflex.coordinator.metrics import Metrics
 from gpuflex.coordinator.routes import errors
 from gpuflex.coordinator.services import governance, jobs, keys, verification
@@ -102,10 +103,4 @@ def checkpoint(job_id: str, account: Consumer, ctx: Ctx, metrics: Metrics) -> Re
         raise Conflict(f"job {job.id} has no checkpoint yet ({job.state})")
     if redirect := presigned.redirect(ctx, metrics, job.checkpoint, {"X-Content-SHA256": job.checkpoint}):
         return redirect
-    data = ctx.blobs.get(job.checkpoint)
-    metrics.bytes_out.inc(len(data))
-    return Response(
-        data,
-        media_type="application/octet-stream",
-        headers={"X-Content-SHA256": job.checkpoint},
-    )
+    return streamed_blob(ctx.blobs, job.checkpoint, metrics, headers={"X-Content-SHA256": job.checkpoint})

@@ -27,14 +27,14 @@ def check_signature(
     session: Session,
     public_key: str,
     node_id: str,
-    request: tuple[str, str, bytes, Mapping[str, str]],
+    request: tuple[str, str, str, Mapping[str, str]],
     settings: CoordinatorSettings,
     now: float,
 ) -> None:
     """Verify a signed request and burn its nonce; a replayed nonce is refused."""
-    method, path, body, headers = request
+    method, path, body_sha256, headers = request
     nonce = signed_request(
-        public_key, method, path, body, headers, now=now, max_skew_s=settings.signature_max_skew_s
+        public_key, method, path, body_sha256, headers, now=now, max_skew_s=settings.signature_max_skew_s
     ).verify()
     try:
         with session.begin_nested():
@@ -58,7 +58,7 @@ def _refusal(state: str | None) -> Unauthorized | None:
 
 def authenticate(
     session: Session,
-    request: tuple[str, str, bytes, Mapping[str, str]],
+    request: tuple[str, str, str, Mapping[str, str]],
     settings: CoordinatorSettings,
     now: float,
 ) -> Node:

@@ -49,10 +49,10 @@ def task_data(
     @functools.cache
     def windows() -> Windows:  # on the first batch: only a worker that trains (or is audited) opens its part
         spans = assign([s.tokens for s in manifest.train], worker, workers)
-        parts = [reader.open(manifest.train[s.shard], manifest.dtype)[s.start : s.stop] for s in spans]
-        return Windows(parts, block)
+        shards = reader.open_all([manifest.train[s.shard] for s in spans], manifest.dtype)
+        return Windows([tokens[s.start : s.stop] for tokens, s in zip(shards, spans, strict=True)], block)
 
-    validation = [reader.open(s, manifest.dtype) for s in manifest.validation]
+    validation = reader.open_all(manifest.validation, manifest.dtype)
     return TaskData(
         sample=lambda generator: windows().sample(spec.batch_size, generator),
         validation=validation_batches(validation, spec.eval_batches, spec.batch_size, block),

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Path, Request, Response
 
 from gpuflex.coordinator.auth import BlobReader, BlobWriter, Ctx
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.routes import errors, unstated
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])
@@ -32,6 +32,7 @@ def missing_blobs(body: m.BlobKeys, _who: BlobWriter, ctx: Ctx) -> m.MissingBlob
 @router.put(
     "/{digest}",
     status_code=201,
+    responses=unstated(400, "the body's sha256 is not the digest"),
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {}}, "required": True}},
 )
 async def put_blob(

@@ -31,13 +31,13 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from gpuflex.auth.signing import NodeKey
 from gpuflex.coordinator.routes import UNSTATED_RULE
 from gpuflex.coordinator.settings import CoordinatorSettings
+from gpuflex.protocol.messages import INT64_MAX
 from gpuflex.protocol.spec import JobSpec
 
 from .conftest import running_coordinator
 
 EXAMPLES = int(os.environ.get("GPUFLEX_FUZZ_EXAMPLES", "12"))
 SEED = os.environ.get("GPUFLEX_FUZZ_SEED")
-INT64_MAX = 2**63 - 1
 CALLERS = ("anonymous", "consumer", "operator", "node", "task")
 BACKENDS = ["sqlite", "postgresql"] if os.environ.get("GPUFLEX_FUZZ_POSTGRES") else ["sqlite"]
 SETTINGS = hypothesis.settings(

@@ -19,7 +19,11 @@ log = logging.getLogger("gpuflex.coordinator")
     status_code=201,
     responses={
         **errors(402),
-        **unstated(400, "model.job's job has no model to serve (not hf-causal-lm, not tuned, or encrypted)"),
+        **unstated(
+            400,
+            "model.job's job has no model to serve (not hf-causal-lm, not tuned, or encrypted), or "
+            "model.from's directory is not in the store, whole (the CLI uploads it)",
+        ),
         **unstated(422, "a rule across model.training's fields (as a job spec's): the detail names it"),
     },
 )

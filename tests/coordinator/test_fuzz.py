@@ -116,14 +116,15 @@ def network(request, tmp_path_factory):
         else request.getfixturevalue("postgres_database")
     )
     data_dir = tmp_path_factory.mktemp("fuzz-data")
-    # Every unauthenticated case fails authentication: let the address's bucket hold them all, so the
-    # fuzzer reaches the routes rather than the rate limit (tests/coordinator/test_rate_limits.py). The
+    # Every unauthenticated case fails authentication: let the address's bucket hold them all, and each
+    # caller's, so the fuzzer reaches the routes rather than the rate limit (test_rate_limits.py). The
     # request limit is the default one, which the schema's longest lists fit (4,096 blob keys).
     with running_coordinator(
         database_url,
         data_dir,
         lease_ttl_s=3600,
         anonymous_rate_limit_burst=1_000_000,
+        rate_limit_burst=1_000_000,
         max_request_bytes=CoordinatorSettings.model_fields["max_request_bytes"].default,
     ) as harness:
         yield harness, _sessions(harness)

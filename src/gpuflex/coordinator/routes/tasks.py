@@ -55,7 +55,7 @@ def secagg_messages(
     lease: TaskLease,
     ctx: Ctx,
     round: int = Query(ge=0, le=m.INT32_MAX),
-    after: int = Query(-1, ge=-1, le=2**63 - 1),
+    after: int = Query(-1, ge=-1, le=m.INT32_MAX),  # a seq: a row id, a 32-bit column
 ) -> m.SecAggList:
     """The round's messages after ``after`` (a ``seq``) this task may read: the aggregator all, a worker
     those to all and to it."""

@@ -88,3 +88,13 @@ def test_a_bucket_refills_to_its_burst_and_no_further():
     assert [buckets.take("k") for _ in range(4)] == [0, 0, 0, 0.5]
     now[0] += 100
     assert [buckets.take("k") == 0 for _ in range(4)] == [True, True, True, False]
+
+
+def test_the_openai_routes_refuse_with_the_429_their_schema_documents(limited):
+    headers = limited.consumer("alice").http._http.headers
+    answers = [limited.http.get("/v1/models", headers=headers) for _ in range(4)]
+
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert answers[-1].json()["error"]["type"] == "rate_limit_exceeded"  # OpenAI's error object
+    documented = limited.http.get("/openapi.json").json()["paths"]["/v1/models"]["get"]["responses"]["429"]
+    assert documented["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")

@@ -1,5 +1,5 @@
-"""The coordinator's app factory: routers, dashboard, metrics, error handling, body and rate limits,
-the reaper.
+"""The coordinator's app factory: routers, dashboard, metrics, error handling (a 405 that lists a path's
+methods), body and rate limits, the reaper.
 
 uvicorn --factory gpuflex.coordinator.app:create_app      # or: gpuflex coordinator serve
 """
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gpuflex import __version__
-from gpuflex.coordinator import broker, gateway, web
+from gpuflex.coordinator import allow, broker, gateway, web
 from gpuflex.coordinator.auth import anonymous_call, gateway_caller
 from gpuflex.coordinator.context import CoordinatorContext
 from gpuflex.coordinator.db import make_engine, make_sessionmaker
@@ -247,6 +247,7 @@ def create_app(settings: CoordinatorSettings | None = None, ctx: CoordinatorCont
     def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
+    allow.install(app)
     _error_handlers(app)
     app.add_middleware(
         BodySizeLimit,

@@ -280,6 +280,11 @@ def parse(text: str) -> Query:
     return _Parser(text).query()
 
 
+_ORDER_KEY = rf"\s*[+-]?\s*({'|'.join(FIELDS)})\s*"
+# What ``parse_order`` takes, for the OpenAPI schema (lower-case: it also takes the names in any case).
+ORDER_PATTERN = rf"^(\s*|{_ORDER_KEY}(,{_ORDER_KEY})*)$"
+
+
 def parse_order(text: str) -> tuple[SortKey, ...]:
     """Sort keys from ``price,-reliability``; ``QueryError`` naming an unknown or empty key."""
     if not text.strip():

@@ -28,7 +28,33 @@ class DeployedModel(_Strict):
     pins the job's newest checkpoint and counts its size when the deployment is created) or a model
     directory (``from``, uploaded by the CLI as a job's ``model.from`` is)."""
 
-    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+    model_config = ConfigDict(
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        # ``_one_source`` in the schema: each source with the fields that come with it, and not the other's
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["job"],
+                    "properties": {
+                        "job": {"type": "string"},
+                        "from": {"type": "null"},
+                        "uploaded": {"type": "null"},
+                    },
+                },
+                {
+                    "required": ["from"],
+                    "properties": {
+                        "from": {"type": "string"},
+                        "job": {"type": "null"},
+                        "checkpoint": {"type": "null"},
+                        "training": {"type": "null"},
+                    },
+                },
+            ]
+        },
+    )
 
     job: Annotated[str, Field(min_length=1, max_length=32)] | None = Field(
         None, description="a training job's id (or a unique prefix): its newest checkpoint is served"

@@ -57,16 +57,33 @@ def _finite_or_none(value: object) -> object:
 Loss = Annotated[float | None, BeforeValidator(_finite_or_none)]
 
 
+def _not_a_boolean(value: object) -> object:
+    """JSON's true and false are no numbers, as the schema says; pydantic would read them as 1 and 0."""
+    if isinstance(value, bool):
+        raise ValueError("a number, not a boolean")
+    return value
+
+
 # An amount to move: at least one micro-credit, the ledger's unit (a smaller one would round to nothing).
 MIN_CREDITS, MAX_CREDITS = 0.000_001, 1_000_000
-Credits = Annotated[float, Field(ge=MIN_CREDITS, le=MAX_CREDITS, description="credits")]
+Credits = Annotated[
+    float, Field(ge=MIN_CREDITS, le=MAX_CREDITS, description="credits"), BeforeValidator(_not_a_boolean)
+]
 
 
 # What the database keeps in 32-bit columns (rounds, epochs, steps, the journal's sequence numbers) or
 # 64-bit ones (tokens): a larger number is a 422 naming the field, not an overflow in the database.
-INT32_MAX = 2**31 - 1
-Count32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
-Count64 = Annotated[int, Field(ge=0, le=2**63 - 1)]
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+
+
+def count(maximum: int, minimum: int = 0) -> object:
+    """An integer from ``minimum`` to ``maximum``, not a boolean. Bounds go here, not in an ``Annotated``
+    around it: past the validator, pydantic would check them but leave them out of the JSON schema."""
+    return Annotated[int, Field(ge=minimum, le=maximum), BeforeValidator(_not_a_boolean)]
+
+
+Count32 = count(INT32_MAX)
+Count64 = count(INT64_MAX)
 
 
 class Message(BaseModel):
@@ -141,7 +158,9 @@ class PrivateDataset(Message):
     (which the owner's worker checks its data against). Nothing else of it leaves the owner's machine."""
 
     name: Annotated[str, Field(pattern=DATASET_NAME)]
-    tokens: Annotated[Count64, Field(ge=1, description="its train split's tokens: its FedAvg weight")]
+    tokens: Annotated[
+        count(INT64_MAX, minimum=1), Field(description="its train split's tokens: its FedAvg weight")
+    ]
     shards: Annotated[int, Field(ge=1, le=1_000_000)]
     manifest: Sha256
 
@@ -151,6 +170,22 @@ AccountName = Annotated[str, Field(min_length=1, max_length=64)]
 
 
 class NodeRegister(Message):
+    # ``sealing_key`` and its signature come together (``_names_unique``), in the schema too
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"properties": {"sealing_key": {"type": "null"}, "sealing_key_signature": {"type": "null"}}},
+                {
+                    "required": ["sealing_key", "sealing_key_signature"],
+                    "properties": {
+                        "sealing_key": {"type": "string"},
+                        "sealing_key_signature": {"type": "string"},
+                    },
+                },
+            ]
+        }
+    )
+
     name: Annotated[str, Field(min_length=1, max_length=64)]
     public_key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="raw Ed25519 public key, hex")]
     kind: NodeKind = "community"
@@ -698,7 +733,9 @@ Trace = Annotated[
         {
             "type": "string",
             "contentEncoding": "base64",
-            "maxLength": 4 * MAX_TRACE * 8 // 3 + 4,
+            # base64 of a whole number of 8-byte hashes: 24 bytes a 32-character group, then 8 or 16 more
+            "pattern": r"^([A-Za-z0-9+/]{32})*([A-Za-z0-9+/]{11}=|[A-Za-z0-9+/]{22}==)?$",
+            "maxLength": 4 * math.ceil(8 * MAX_TRACE / 3),
             "description": "hashes of 8 bytes each, concatenated, in base64",
         }
     ),

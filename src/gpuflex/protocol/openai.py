@@ -3,7 +3,9 @@
 Requests take the fields OpenAI's clients send and ignore the others (a client built for OpenAI sends
 ``user``, ``metadata``, ``store`` and more: refusing them would refuse the client). What would change the
 answer and is not served here (several choices, logprobs, tools, penalties, a JSON mode, …) is refused
-by ``unsupported()``, naming the field. The ranges (temperature, top_p, max_tokens, seed) are checked
+by ``unsupported()``, naming the field; the schema states what such a field may hold (``_Only``: its
+default, or what means the same), and so what a batch of prompts or a part that is not text may. The
+ranges (temperature, top_p, max_tokens, seed) are checked
 once, by ``gpuflex.serve.sampling.SamplingParams``, where the engine needs them.
 
 Errors are OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``: its clients raise
@@ -12,9 +14,21 @@ their typed errors from it (``BadRequestError``, ``NotFoundError``, ``Authentica
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+
+def _only(*schemas: dict) -> WithJsonSchema:
+    """A field's schema: any of ``schemas``, what the server serves of what the field's type takes."""
+    return WithJsonSchema({"anyOf": list(schemas)} if len(schemas) > 1 else schemas[0])
+
+
+NULL, EMPTY_LIST, EMPTY_OBJECT = (
+    {"type": "null"},
+    {"type": "array", "maxItems": 0},
+    {"type": "object", "maxProperties": 0},
+)
 
 
 class _Tolerant(BaseModel):
@@ -28,8 +42,10 @@ class StreamOptions(_Tolerant):
 
 
 class ContentPart(_Tolerant):
-    type: str
-    text: str | None = None
+    model_config = ConfigDict(json_schema_extra={"required": ["type", "text"]})  # only text is served
+
+    type: Annotated[str, _only({"const": "text"})]
+    text: Annotated[str | None, _only({"type": "string"})] = None
 
 
 class ChatMessage(_Tolerant):
@@ -49,11 +65,11 @@ class _Common(_Tolerant):
     stream: bool = False
     stream_options: StreamOptions | None = None
     # refused unless at their default (``unsupported``): accepted here only to say so by name
-    n: int | None = None
-    logprobs: Any = None
-    logit_bias: dict[str, Any] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    n: Annotated[int | None, _only({"const": 1}, NULL)] = None
+    logprobs: Annotated[Any, _only({"enum": [False, 0]}, NULL)] = None
+    logit_bias: Annotated[dict[str, Any] | None, _only(EMPTY_OBJECT, NULL)] = None
+    presence_penalty: Annotated[float | None, _only({"const": 0}, NULL)] = None
+    frequency_penalty: Annotated[float | None, _only({"const": 0}, NULL)] = None
 
     @property
     def include_usage(self) -> bool:
@@ -76,13 +92,20 @@ class _Common(_Tolerant):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins when both are set
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
-    response_format: dict[str, Any] | None = None
-    audio: Any = None
+    top_logprobs: Annotated[int | None, _only(NULL)] = None
+    tools: Annotated[list[Any] | None, _only(EMPTY_LIST, NULL)] = None
+    tool_choice: Annotated[Any, _only({"const": "none"}, NULL)] = None
+    functions: Annotated[list[Any] | None, _only(EMPTY_LIST, NULL)] = None
+    function_call: Annotated[Any, _only({"const": "none"}, NULL)] = None
+    response_format: Annotated[
+        dict[str, Any] | None,
+        _only(
+            {"type": "object", "required": ["type"], "properties": {"type": {"const": "text"}}},
+            EMPTY_OBJECT,
+            NULL,
+        ),
+    ] = None
+    audio: Annotated[Any, _only(NULL)] = None
 
     def unsupported(self) -> tuple[str, str] | None:
         if found := super().unsupported():
@@ -103,11 +126,19 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Annotated[
+        str | list[str] | list[int] | list[list[int]],
+        _only(  # one prompt a request (``_prompt``): a batch holds one
+            {"type": "string"},
+            {"type": "array", "items": {"type": "integer"}},
+            {"type": "array", "items": {"type": "string"}, "maxItems": 1},
+            {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}, "maxItems": 1},
+        ),
+    ]
     max_tokens: int | None = 16  # OpenAI's default for completions
-    best_of: int | None = None
-    echo: bool = False
-    suffix: str | None = None
+    best_of: Annotated[int | None, _only({"const": 1}, NULL)] = None
+    echo: Annotated[bool, _only({"const": False})] = False
+    suffix: Annotated[str | None, _only({"type": "string", "maxLength": 0}, NULL)] = None
 
     def unsupported(self) -> tuple[str, str] | None:
         if found := super().unsupported():

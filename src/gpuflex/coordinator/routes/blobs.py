@@ -25,7 +25,7 @@ from gpuflex.coordinator import presigned
 from gpuflex.coordinator.auth import BlobReader, BlobUploader, BlobWriter, Ctx
 from gpuflex.coordinator.downloads import streamed_blob
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.routes import errors, unstated
 from gpuflex.protocol import messages as m
 
 router = APIRouter(prefix="/blobs", tags=["blobs"])
@@ -63,6 +63,7 @@ def finish_upload(body: m.UploadDone, _who: BlobWriter, ctx: Ctx) -> dict[str, s
 @router.put(
     "/{digest}",
     status_code=201,
+    responses=unstated(400, "the body's sha256 is not the digest"),
     openapi_extra={"requestBody": {"content": {"application/octet-stream": {}}, "required": True}},
 )
 async def put_blob(

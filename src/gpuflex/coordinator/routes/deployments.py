@@ -6,7 +6,7 @@ import logging
 from fastapi import APIRouter, Request
 
 from gpuflex.coordinator.auth import Consumer, Ctx
-from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.routes import errors, unstated
 from gpuflex.coordinator.services import deployment_keys, deployments, governance, jobs
 from gpuflex.protocol import messages as m
 
@@ -14,7 +14,19 @@ router = APIRouter(prefix="/deployments", tags=["deployments"], responses=errors
 log = logging.getLogger("gpuflex.coordinator")
 
 
-@router.post("", status_code=201, responses=errors(402))
+@router.post(
+    "",
+    status_code=201,
+    responses={
+        **errors(402),
+        **unstated(
+            400,
+            "model.job's job has no model to serve (not hf-causal-lm, not tuned, or encrypted), or "
+            "model.from's directory is not in the store, whole (the CLI uploads it)",
+        ),
+        **unstated(422, "a rule across model.training's fields (as a job spec's): the detail names it"),
+    },
+)
 def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
     """Deploy a model; the budget moves into escrow at once (402 if the wallet can't cover it)."""
     with ctx.tx() as s:

@@ -8,7 +8,7 @@ from gpuflex.coordinator import presigned
 from gpuflex.coordinator.auth import Consumer, Ctx
 from gpuflex.coordinator.downloads import streamed_blob
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.routes import SPEC_RULES, errors, unstated
 from gpuflex.coordinator.services import governance, jobs, keys, verification
 from gpuflex.errors import Conflict
 from gpuflex.protocol import messages as m
@@ -16,8 +16,22 @@ from gpuflex.protocol import messages as m
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=errors(404, 409))
 log = logging.getLogger("gpuflex.coordinator")
 
+NOT_ENCRYPTED = unstated(400, "the job is not encrypted (privacy.encrypt): it has no keys")
 
-@router.post("", status_code=201, responses=errors(402))
+
+@router.post(
+    "",
+    status_code=201,
+    responses={
+        **errors(402),
+        **SPEC_RULES,
+        **unstated(
+            400,
+            "a blob the job names (dataset, recipe code, model directory) is not in the store or does not "
+            "fit the spec (a dataset of a federated job, a sealed key without privacy.encrypt, ...)",
+        ),
+    },
+)
 def submit(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> m.JobInfo:
     """Submit a job; its budget moves into escrow at once (402 if the wallet can't cover it)."""
     jobs.check_dataset(body, ctx.blobs)  # reads blobs: before the transaction, not while holding it
@@ -60,14 +74,14 @@ def cancel(job_id: str, account: Consumer, ctx: Ctx) -> m.JobInfo:
     return info
 
 
-@router.get("/{job_id}/keys")
+@router.get("/{job_id}/keys", responses=NOT_ENCRYPTED)
 def key_requests(job_id: str, account: Consumer, ctx: Ctx) -> m.JobKeys:
     """An encrypted job's data key sealed to its owner, and the live leases that wait for theirs."""
     with ctx.tx() as s:
         return keys.requests(s, jobs.owned(s, account, job_id))
 
 
-@router.post("/{job_id}/keys")
+@router.post("/{job_id}/keys", responses=NOT_ENCRYPTED)
 def grant_key(job_id: str, body: m.KeyGrant, account: Consumer, ctx: Ctx) -> dict[str, str]:
     """The data key sealed to one live lease's node (409 once that lease or epoch has ended)."""
     with ctx.tx() as s:

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi import Query as Param
 
 from gpuflex.coordinator.auth import Consumer, Ctx, Public
-from gpuflex.coordinator.routes import PUBLIC_READ
+from gpuflex.coordinator.routes import PUBLIC_READ, SPEC_RULES, unstated
 from gpuflex.coordinator.services import ledger, market
 from gpuflex.ledger.accounts import consumer
 from gpuflex.market import query
@@ -21,15 +21,24 @@ router = APIRouter(tags=["market"])
 QueryText = Annotated[
     str, Param(max_length=2000, description='e.g. "vram>=16 price<=0.5 region in [eu, us]"; empty: all')
 ]
+# The order's grammar is stated, not enforced here: ``parse_order`` refuses a bad key by name.
 OrderText = Annotated[
-    str, Param(max_length=200, description="e.g. price,-reliability; default: online first, cheapest")
+    str,
+    Param(
+        max_length=200,
+        description="e.g. price,-reliability; default: online first, cheapest",
+        json_schema_extra={"pattern": query.ORDER_PATTERN},
+    ),
 ]
 
 
 @router.get(
     "/offers",
     dependencies=[Public],
-    responses={400: {"model": m.ErrorBody, "description": "a bad query or order"}, **PUBLIC_READ},
+    responses={
+        **unstated(400, "a query the query language does not parse (the detail points at the token)"),
+        **PUBLIC_READ,
+    },
 )
 def offers(ctx: Ctx, q: QueryText = "", order: OrderText = "") -> list[m.Offer]:
     """The nodes on offer that the query matches, in the order asked. Public."""
@@ -39,7 +48,10 @@ def offers(ctx: Ctx, q: QueryText = "", order: OrderText = "") -> list[m.Offer]:
     return query.select(listed, wanted, keys)
 
 
-@router.post("/quote")
+@router.post(
+    "/quote",
+    responses={**SPEC_RULES, **unstated(400, "a federated job is not quoted: it runs on its data's owners")},
+)
 def quote(spec: JobSpec, account: Consumer, ctx: Ctx) -> m.Quote:
     """What a job would cost and take if submitted now, and on which nodes; nothing is spent. It carries
     the caller's wallet, so a budget the wallet does not cover is said before ``submit`` refuses it."""

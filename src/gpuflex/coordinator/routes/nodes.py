@@ -11,7 +11,7 @@ from gpuflex.auth.signing import HEADER_NODE, node_id_for
 from gpuflex.coordinator.auth import Ctx, SignedNode, SignedRequest, VerifiedSignature, charge
 from gpuflex.coordinator.db import Node
 from gpuflex.coordinator.groupcommit import Grants, Heartbeats
-from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.routes import errors, unstated
 from gpuflex.coordinator.services import inference_audits, keys, leases, registry, stakes
 from gpuflex.coordinator.web import tokens
 from gpuflex.errors import Unauthorized
@@ -22,7 +22,7 @@ router = APIRouter(prefix="/nodes", tags=["nodes"], responses=errors(404, 409))
 log = logging.getLogger("gpuflex.coordinator")
 
 
-@router.post("/register")
+@router.post("/register", responses=unstated(422, "private_data names a dataset twice"))
 async def register(
     body: m.NodeRegister, request: Request, signed: SignedRequest, ctx: Ctx
 ) -> m.NodeRegistered:

@@ -142,7 +142,7 @@ def create_router(backend: Callable[..., Backend], authorize: Callable[..., Any]
         route_class=OpenAIRoute,
         dependencies=[Depends(authorize)],
         tags=["openai"],
-        responses={status: {"model": o.ErrorResponse} for status in (400, 401, 402, 404, 413)},
+        responses={status: {"model": o.ErrorResponse} for status in (400, 401, 402, 404, 413, 429)},
     )
 
     @router.get("/models")

@@ -7,13 +7,15 @@ from fastapi import APIRouter, Path, Query, Response
 
 from gpuflex.coordinator.auth import Ctx, TaskLease
 from gpuflex.coordinator.metrics import Metrics
-from gpuflex.coordinator.routes import errors
+from gpuflex.coordinator.routes import errors, unstated
 from gpuflex.coordinator.services import governance, jobs, rounds, secure, verification
 from gpuflex.protocol import messages as m
 
 # A task token stops working when its lease ends (409); ids it names may not exist (404).
 router = APIRouter(prefix="/task", tags=["tasks"], responses=errors(404, 409))
 logger = logging.getLogger("gpuflex.coordinator")  # `log` is the route below
+
+NOT_STORED = "a blob the body names is not in the store: upload it first"
 
 
 @router.get("/round", responses={204: {"description": "round 0 is not published yet"}})
@@ -32,7 +34,7 @@ def round_state(
         return rounds.get(s, lease, round_, ctx.now())
 
 
-@router.post("/contributions")
+@router.post("/contributions", responses=unstated(400, NOT_STORED))
 def contribute(body: m.ContributionSubmit, lease: TaskLease, ctx: Ctx) -> m.ContributionReceipt:
     """``accepted`` is false when the round has closed: the worker should catch up. ``audit_segment``
     set: the contribution was drawn for audit, post that segment's starting state (``/audit-states``)."""
@@ -53,7 +55,7 @@ def secagg_messages(
     lease: TaskLease,
     ctx: Ctx,
     round: int = Query(ge=0, le=m.INT32_MAX),
-    after: int = Query(-1, ge=-1, le=2**63 - 1),
+    after: int = Query(-1, ge=-1, le=m.INT32_MAX),  # a seq: a row id, a 32-bit column
 ) -> m.SecAggList:
     """The round's messages after ``after`` (a ``seq``) this task may read: the aggregator all, a worker
     those to all and to it."""
@@ -61,7 +63,7 @@ def secagg_messages(
         return secure.messages(s, lease, round, after)
 
 
-@router.post("/audit-states")
+@router.post("/audit-states", responses=unstated(400, NOT_STORED))
 def audit_state(body: m.AuditStateSubmit, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
     """A worker's state at the start of the segment drawn from its own contribution."""
     with ctx.tx() as s:
@@ -69,7 +71,9 @@ def audit_state(body: m.AuditStateSubmit, lease: TaskLease, ctx: Ctx) -> dict[st
     return {"status": "stored"}
 
 
-@router.post("/peer-audits")
+@router.post(
+    "/peer-audits", responses=unstated(400, f"{NOT_STORED}; or the auditor is not another worker of the job")
+)
 def assign_peer_audit(body: m.PeerAuditAssign, lease: TaskLease, ctx: Ctx) -> dict[str, str]:
     """The aggregator hands a drawn contribution's segments to another worker of its job to re-run."""
     with ctx.tx() as s:
@@ -99,7 +103,10 @@ def report_peer_audit(body: m.PeerAuditReport, lease: TaskLease, ctx: Ctx) -> di
     return {"status": "reported"}
 
 
-@router.post("/verdicts")
+@router.post(
+    "/verdicts",
+    responses=unstated(400, "inference-audit verdicts come from a deployment's auditors, not an aggregator"),
+)
 def verdict(body: m.VerdictSubmit, lease: TaskLease, ctx: Ctx, metrics: Metrics) -> m.Verdict:
     """The aggregator's verdict on a contribution of its job; a guilty one slashes and bars the node."""
     with ctx.tx() as s:
@@ -118,7 +125,10 @@ def contributions(lease: TaskLease, ctx: Ctx, round: int = Query(ge=0, le=m.INT3
         return rounds.contributions(s, lease, round, heard_since=ctx.now() - suspect_after_s)
 
 
-@router.post("/rounds")
+@router.post(
+    "/rounds",
+    responses=unstated(400, f"{NOT_STORED}; or the round lacks the state or update it must carry"),
+)
 def publish(body: m.RoundPublish, lease: TaskLease, ctx: Ctx, metrics: Metrics) -> dict[str, str]:
     with ctx.tx() as s:
         fee_bps = governance.platform_fee_bps(s, ctx.settings, ctx.now())

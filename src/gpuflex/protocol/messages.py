@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from gpuflex.protocol.deployment import MAX_REPLICAS, DeployedModel, DeploymentSpec, ServeDtype
+from gpuflex.protocol.numbers import INT32_MAX, INT64_MAX, count, not_a_boolean
 from gpuflex.protocol.spec import DATASET_NAME, JobSpec, TrainingSpec
 
 API_VERSION = "v1"
@@ -57,29 +58,11 @@ def _finite_or_none(value: object) -> object:
 Loss = Annotated[float | None, BeforeValidator(_finite_or_none)]
 
 
-def _not_a_boolean(value: object) -> object:
-    """JSON's true and false are no numbers, as the schema says; pydantic would read them as 1 and 0."""
-    if isinstance(value, bool):
-        raise ValueError("a number, not a boolean")
-    return value
-
-
 # An amount to move: at least one micro-credit, the ledger's unit (a smaller one would round to nothing).
 MIN_CREDITS, MAX_CREDITS = 0.000_001, 1_000_000
 Credits = Annotated[
-    float, Field(ge=MIN_CREDITS, le=MAX_CREDITS, description="credits"), BeforeValidator(_not_a_boolean)
+    float, Field(ge=MIN_CREDITS, le=MAX_CREDITS, description="credits"), BeforeValidator(not_a_boolean)
 ]
-
-
-# What the database keeps in 32-bit columns (rounds, epochs, steps, the journal's sequence numbers) or
-# 64-bit ones (tokens): a larger number is a 422 naming the field, not an overflow in the database.
-INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
-
-
-def count(maximum: int, minimum: int = 0) -> object:
-    """An integer from ``minimum`` to ``maximum``, not a boolean. Bounds go here, not in an ``Annotated``
-    around it: past the validator, pydantic would check them but leave them out of the JSON schema."""
-    return Annotated[int, Field(ge=minimum, le=maximum), BeforeValidator(_not_a_boolean)]
 
 
 Count32 = count(INT32_MAX)
@@ -363,7 +346,7 @@ class BlobUpload(Message):
     """A blob about to be uploaded: ``POST /v1/blobs/uploads`` says where to send it."""
 
     sha256: Sha256
-    length: Annotated[int, Field(ge=0)] = Field(description="its size in bytes, which a direct PUT must send")
+    length: count(INT64_MAX) = Field(description="its size in bytes, which a direct PUT must send")
 
 
 class UploadTicket(Message):

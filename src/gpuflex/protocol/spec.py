@@ -37,6 +37,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from gpuflex.errors import SpecError
+from gpuflex.protocol.numbers import count
 
 Recipe = Literal["char-gpt", "hf-causal-lm", "mlp-digits", "user"]
 Codec = Literal["none", "fp16", "bf16", "int8", "int4", "int2"]
@@ -109,21 +110,19 @@ class ModelSize(_Strict):
     """A model directory's size, counted by the CLI from ``model.from``: what the market sizes the job
     by. The consumer's word: a wrong count misplaces only its own job."""
 
-    parameters: Annotated[int, Field(ge=1, le=10**15)]
-    trainable: Annotated[int, Field(ge=1, le=10**15)] = Field(
-        description="parameters trained: all, or LoRA's adapters"
-    )
-    layers: Annotated[int, Field(ge=1, le=10_000)] = 1
-    hidden: Annotated[int, Field(ge=1, le=1_000_000)] = 1
-    vocab: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
+    parameters: count(10**15, 1)
+    trainable: count(10**15, 1) = Field(description="parameters trained: all, or LoRA's adapters")
+    layers: count(10_000, 1) = 1
+    hidden: count(1_000_000, 1) = 1
+    vocab: count(100_000_000, 1) | None = Field(
         None, description="the config's vocab_size: the ids a prepared dataset may hold"
     )
-    embeddings: Annotated[int, Field(ge=0, le=10**15)] | None = Field(
+    embeddings: count(10**15) | None = Field(
         None,
         description="parameters in the token embeddings and the output head (each tied tensor once): what a "
         "quantized base keeps unquantized",
     )
-    kv_width: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+    kv_width: count(1_000_000, 1) | None = Field(
         None, description="key/value heads × head width: a layer's KV cache per token is 2 × kv_width values"
     )
     dtype: Literal["fp32", "bf16", "fp16"] | None = Field(

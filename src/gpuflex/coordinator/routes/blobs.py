@@ -45,14 +45,27 @@ def missing_blobs(body: m.BlobKeys, _who: BlobWriter, ctx: Ctx) -> m.MissingBlob
     return m.MissingBlobs(keys=keys, max_blob_bytes=ctx.settings.max_blob_bytes)
 
 
-@router.post("/uploads", responses=errors(413))
+@router.post(
+    "/uploads",
+    responses=unstated(413, "the length is over this coordinator's blob limit (see /blobs/missing)"),
+)
 def ask_upload(body: m.BlobUpload, _who: BlobWriter, ctx: Ctx, metrics: Metrics) -> m.UploadTicket:
     """Where to send a blob's bytes: nowhere (held already), here (``PUT /blobs/{digest}``), or the
     object store by a presigned PUT bound to the blob's sha256 and length (413 over the blob limit)."""
     return presigned.ticket(ctx, metrics, body)
 
 
-@router.post("/uploads/done", responses=errors(404))
+@router.post(
+    "/uploads/done",
+    responses={
+        **errors(404),
+        **unstated(
+            400,
+            "the store signs no URLs, the upload is not one this coordinator signed, or what was sent came "
+            "after its URL expired or is not the length or sha256 signed for",
+        ),
+    },
+)
 def finish_upload(body: m.UploadDone, _who: BlobWriter, ctx: Ctx) -> dict[str, str]:
     """File a presigned upload under its key once the store has hashed it: 400 (and the upload deleted)
     if it came after its URL expired or is not the length or sha256 signed for, 404 if nothing came."""

@@ -14,19 +14,19 @@ router = APIRouter(prefix="/deployments", tags=["deployments"], responses=errors
 log = logging.getLogger("gpuflex.coordinator")
 
 
-@router.post(
-    "",
-    status_code=201,
-    responses={
-        **errors(402),
-        **unstated(
-            400,
-            "model.job's job has no model to serve (not hf-causal-lm, not tuned, or encrypted), or "
-            "model.from's directory is not in the store, whole (the CLI uploads it)",
-        ),
-        **unstated(422, "a rule across model.training's fields (as a job spec's): the detail names it"),
-    },
-)
+# What a deployment is refused for, and its check before the upload alike.
+CREATION_RULES = {
+    **errors(402),
+    **unstated(
+        400,
+        "model.job's job has no model to serve (not hf-causal-lm, not tuned, or encrypted), or "
+        "model.from's directory is not in the store, whole (the CLI uploads it)",
+    ),
+    **unstated(422, "a rule across model.training's fields (as a job spec's): the detail names it"),
+}
+
+
+@router.post("", status_code=201, responses=CREATION_RULES)
 def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.DeploymentInfo:
     """Deploy a model; the budget moves into escrow at once (402 if the wallet can't cover it)."""
     with ctx.tx() as s:
@@ -36,7 +36,7 @@ def create(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> m.Deploymen
     return info
 
 
-@router.post("/check", status_code=204, responses=errors(402))
+@router.post("/check", status_code=204, responses=CREATION_RULES)
 def check(body: m.DeploymentCreate, account: Consumer, ctx: Ctx) -> None:
     """Refuse now, as ``POST /v1/deployments`` would, a deployment whose model directory is not uploaded
     yet (only sized); nothing is written or spent (204: it would be accepted). ``gpuflex deploy --model``

@@ -19,19 +19,19 @@ log = logging.getLogger("gpuflex.coordinator")
 NOT_ENCRYPTED = unstated(400, "the job is not encrypted (privacy.encrypt): it has no keys")
 
 
-@router.post(
-    "",
-    status_code=201,
-    responses={
-        **errors(402),
-        **SPEC_RULES,
-        **unstated(
-            400,
-            "a blob the job names (dataset, recipe code, model directory) is not in the store or does not "
-            "fit the spec (a dataset of a federated job, a sealed key without privacy.encrypt, ...)",
-        ),
-    },
-)
+# What a submission is refused for, and its check before the upload alike.
+SUBMISSION_RULES = {
+    **errors(402),
+    **SPEC_RULES,
+    **unstated(
+        400,
+        "a blob the job names (dataset, recipe code, model directory) is not in the store or does not "
+        "fit the spec (a dataset of a federated job, a sealed key without privacy.encrypt, ...)",
+    ),
+}
+
+
+@router.post("", status_code=201, responses=SUBMISSION_RULES)
 def submit(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> m.JobInfo:
     """Submit a job; its budget moves into escrow at once (402 if the wallet can't cover it)."""
     jobs.check_dataset(body, ctx.blobs)  # reads blobs: before the transaction, not while holding it
@@ -42,7 +42,7 @@ def submit(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> m.JobInfo:
     return info
 
 
-@router.post("/check", status_code=204, responses=errors(402))
+@router.post("/check", status_code=204, responses=SUBMISSION_RULES)
 def check(body: m.JobSubmit, account: Consumer, ctx: Ctx) -> None:
     """Refuse now, as ``POST /v1/jobs`` would, a submission whose blobs are not uploaded yet; nothing is
     written or spent (204: it would be accepted once they are). ``gpuflex submit`` asks it before uploading

@@ -73,25 +73,6 @@ class Message(BaseModel):
     # Every other float must be finite: NaN and inf are refused with a 422 naming the field.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_nul(cls, value: object) -> object:
-        """No string holds the NUL character, however deep: PostgreSQL's text cannot store it, so one would
-        fail its whole transaction (or a batch of others' heartbeats) instead of being a 422 naming it."""
-        if _holds_nul(value):
-            raise ValueError("a string may not hold the NUL character (U+0000)")
-        return value
-
-
-def _holds_nul(value: object) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_holds_nul(v) for v in value)
-    return False
-
 
 # -- accounts and wallet ------------------------------------------------------------------
 

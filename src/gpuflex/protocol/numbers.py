@@ -20,7 +20,11 @@ def not_a_boolean(value: object) -> object:
     return value
 
 
+# After a ``Field`` in an ``Annotated``, so that the bounds stay in the JSON schema (see ``count``).
+NOT_A_BOOLEAN = BeforeValidator(not_a_boolean)
+
+
 def count(maximum: int, minimum: int = 0) -> object:
     """An integer from ``minimum`` to ``maximum``, not a boolean. Bounds go here, not in an ``Annotated``
     around it: past the validator, pydantic would check them but leave them out of the JSON schema."""
-    return Annotated[int, Field(ge=minimum, le=maximum), BeforeValidator(not_a_boolean)]
+    return Annotated[int, Field(ge=minimum, le=maximum), NOT_A_BOOLEAN]

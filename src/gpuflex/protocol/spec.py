@@ -37,7 +37,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from gpuflex.errors import SpecError
-from gpuflex.protocol.numbers import count
+from gpuflex.protocol.numbers import NOT_A_BOOLEAN, count
 
 Recipe = Literal["char-gpt", "hf-causal-lm", "mlp-digits", "user"]
 Codec = Literal["none", "fp16", "bf16", "int8", "int4", "int2"]
@@ -50,21 +50,21 @@ class _Strict(BaseModel):
 
 
 class Resources(_Strict):
-    workers: Annotated[int, Field(ge=1, le=256)] = 2
-    min_workers: Annotated[int, Field(ge=1, le=256)] | None = Field(
+    workers: Annotated[int, Field(ge=1, le=256), NOT_A_BOOLEAN] = 2
+    min_workers: Annotated[int, Field(ge=1, le=256), NOT_A_BOOLEAN] | None = Field(
         None,
         description="training starts only once this many workers can be placed together (with the "
         "aggregator); the rest join as nodes free up. Default: all of workers",
     )
-    min_vram_gb: Annotated[float, Field(ge=0)] | None = Field(
+    min_vram_gb: Annotated[float, Field(ge=0), NOT_A_BOOLEAN] | None = Field(
         None,
         description="GPU memory a worker's node needs; unset: the market's estimate from the model's size, "
         "precision and LoRA (market/memory.py), asked of GPU nodes only",
     )
-    min_tflops: Annotated[float, Field(ge=0)] = 0
+    min_tflops: Annotated[float, Field(ge=0), NOT_A_BOOLEAN] = 0
     accelerators: list[str] = Field(default_factory=list, description="any-of GPU names; empty: any, CPU too")
     region: str | None = None
-    min_core_workers: Annotated[int, Field(ge=0)] = Field(
+    min_core_workers: Annotated[int, Field(ge=0), NOT_A_BOOLEAN] = Field(
         0, description="at least this many workers run on core (trusted) nodes, e.g. as a reliable backbone"
     )
     core_fallback: bool = Field(
@@ -96,7 +96,7 @@ class UploadedModel(_Strict):
     files were cut at."""
 
     manifest: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-    part_bytes: Annotated[int, Field(ge=1, le=1 << 40)] = Field(
+    part_bytes: Annotated[int, Field(ge=1, le=1 << 40), NOT_A_BOOLEAN] = Field(
         description="bundling the directory again at this part size gives the same manifest"
     )
     plain_digest: Annotated[str | None, Field(pattern=r"^[0-9a-f]{64}$")] = Field(
@@ -143,11 +143,11 @@ class ModelSpec(_Strict):
     model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
     architecture: Literal["gpt2", "llama"] = "gpt2"
-    n_layer: Annotated[int, Field(ge=1, le=48)] = 2
-    n_head: Annotated[int, Field(ge=1, le=64)] = 4
-    n_embd: Annotated[int, Field(ge=8, le=4096)] = 96
-    block_size: Annotated[int, Field(ge=8, le=4096)] = 64
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    n_layer: Annotated[int, Field(ge=1, le=48), NOT_A_BOOLEAN] = 2
+    n_head: Annotated[int, Field(ge=1, le=64), NOT_A_BOOLEAN] = 4
+    n_embd: Annotated[int, Field(ge=8, le=4096), NOT_A_BOOLEAN] = 96
+    block_size: Annotated[int, Field(ge=8, le=4096), NOT_A_BOOLEAN] = 64
+    dropout: Annotated[float, Field(ge=0, lt=1), NOT_A_BOOLEAN] = 0.0
     from_: str | None = Field(
         None, alias="from", description="a save_pretrained directory (config.json, *.safetensors, tokenizer)"
     )
@@ -168,9 +168,9 @@ class ModelSpec(_Strict):
 class LoraSpec(_Strict):
     """LoRA adapters (through peft) on the modules named: only they train and travel."""
 
-    r: Annotated[int, Field(ge=1, le=1024)] = 8
-    alpha: Annotated[float, Field(gt=0, le=4096)] = 16
-    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(
+    r: Annotated[int, Field(ge=1, le=1024), NOT_A_BOOLEAN] = 8
+    alpha: Annotated[float, Field(gt=0, le=4096), NOT_A_BOOLEAN] = 16
+    dropout: Annotated[float, Field(ge=0, lt=1), NOT_A_BOOLEAN] = Field(
         0.0, description="above 0 draws random masks, which an audit does not re-draw: keep 0 to be audited"
     )
     target_modules: Annotated[list[str], Field(min_length=1)] = Field(
@@ -189,10 +189,10 @@ class CompressionSpec(_Strict):
     """
 
     method: Literal["none", "fp16", "bf16", "int8", "int4", "int2", "topk"] = "int8"
-    density: Annotated[float, Field(gt=0, le=1)] = 0.02
+    density: Annotated[float, Field(gt=0, le=1), NOT_A_BOOLEAN] = 0.02
     values: Codec = "int2"
-    block_size: Annotated[int, Field(ge=8, le=65536)] = 256
-    error_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    block_size: Annotated[int, Field(ge=8, le=65536), NOT_A_BOOLEAN] = 256
+    error_decay: Annotated[float, Field(gt=0, le=1), NOT_A_BOOLEAN] = 1.0
 
     @model_validator(mode="before")
     @classmethod
@@ -208,17 +208,17 @@ class CompressionSpec(_Strict):
 class VerificationSpec(_Strict):
     """How a job's contributions are checked: screened by the aggregator, a sample of them re-executed."""
 
-    audit_rate: Annotated[float, Field(ge=0, le=1)] = Field(
+    audit_rate: Annotated[float, Field(ge=0, le=1), NOT_A_BOOLEAN] = Field(
         0.05, description="the share of contributions whose one random trace segment is re-executed"
     )
-    trace_every: Annotated[int, Field(ge=1, le=100_000)] | None = Field(
+    trace_every: Annotated[int, Field(ge=1, le=100_000), NOT_A_BOOLEAN] | None = Field(
         None, description="inner steps between two trace hashes; default: inner_steps / 8, at least 1"
     )
     robust: bool = Field(True, description="screen pseudo-gradients and aggregate with clipping")
-    slash: Annotated[float, Field(ge=0, le=1_000_000)] = Field(
+    slash: Annotated[float, Field(ge=0, le=1_000_000), NOT_A_BOOLEAN] = Field(
         1.0, description="credits taken from a node's stake for each guilty verdict"
     )
-    peer_segments: Annotated[int, Field(ge=0, le=64)] = Field(
+    peer_segments: Annotated[int, Field(ge=0, le=64), NOT_A_BOOLEAN] = Field(
         0,
         description="re-run by a second provider: from each drawn segment, this many segments are re-run by "
         "another worker of the job, and the core node re-runs only the first segment where the two "
@@ -229,31 +229,31 @@ class VerificationSpec(_Strict):
 class TrainingSpec(_Strict):
     recipe: Recipe = "char-gpt"
     recipe_file: str | None = Field(None, description="with recipe 'user': the Python file to run")
-    rounds: Annotated[int, Field(ge=1, le=100_000)] = 8
-    inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 30
+    rounds: Annotated[int, Field(ge=1, le=100_000), NOT_A_BOOLEAN] = 8
+    inner_steps: Annotated[int, Field(ge=1, le=100_000), NOT_A_BOOLEAN] = 30
     compression: CompressionSpec = Field(default_factory=CompressionSpec)
-    batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
+    batch_size: Annotated[int, Field(ge=1, le=4096), NOT_A_BOOLEAN] = 32
     inner_optimizer: Literal["adamw", "muon"] = Field(
         "adamw",
         description="'muon': Muon for the hidden layers' weight matrices, AdamW for embeddings, head, norms "
         "and biases, at the same lr (train/optimizers.py)",
     )
-    lr: Annotated[float, Field(gt=0, le=1)] = 3e-3
+    lr: Annotated[float, Field(gt=0, le=1), NOT_A_BOOLEAN] = 3e-3
     lr_schedule: Literal["constant", "cosine"] = Field(
         "cosine", description="the inner lr over the job: 'cosine' warms up, then decays to a tenth"
     )
-    warmup: Annotated[float, Field(ge=0, lt=1)] = Field(
+    warmup: Annotated[float, Field(ge=0, lt=1), NOT_A_BOOLEAN] = Field(
         0.04, description="the share of the job spent warming up"
     )
-    weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.1
-    outer_lr: Annotated[float, Field(gt=0, le=10)] = 0.7
-    outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    seed: Annotated[int, Field(ge=0)] = 0
+    weight_decay: Annotated[float, Field(ge=0, le=1), NOT_A_BOOLEAN] = 0.1
+    outer_lr: Annotated[float, Field(gt=0, le=10), NOT_A_BOOLEAN] = 0.7
+    outer_momentum: Annotated[float, Field(ge=0, lt=1), NOT_A_BOOLEAN] = 0.9
+    seed: Annotated[int, Field(ge=0), NOT_A_BOOLEAN] = 0
     overlap: bool = Field(False, description="start the next round before this round's exchange completes")
-    round_seconds: Annotated[float, Field(gt=0, le=86_400)] | None = Field(
+    round_seconds: Annotated[float, Field(gt=0, le=86_400), NOT_A_BOOLEAN] | None = Field(
         None, description="time budget of a round: a faster worker runs more steps, up to inner_steps"
     )
-    local_devices: Annotated[int, Field(ge=1, le=64)] = Field(
+    local_devices: Annotated[int, Field(ge=1, le=64), NOT_A_BOOLEAN] = Field(
         1, description="devices one replica spans on its node (DDP inside the replica, or FSDP with shard)"
     )
     shard: bool = Field(
@@ -261,11 +261,11 @@ class TrainingSpec(_Strict):
         description="with local_devices > 1: shard the model, its gradients and optimizer state over them "
         "(FSDP2) instead of a whole copy on each; for a model bigger than one device",
     )
-    checkpoint_every: Annotated[int, Field(ge=1, le=100_000)] = Field(
+    checkpoint_every: Annotated[int, Field(ge=1, le=100_000), NOT_A_BOOLEAN] = Field(
         1, description="publish the full state (model + outer optimizer) every this many rounds"
     )
-    eval_batches: Annotated[int, Field(ge=1, le=1000)] = 8
-    round_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = 120
+    eval_batches: Annotated[int, Field(ge=1, le=1000), NOT_A_BOOLEAN] = 8
+    round_timeout_s: Annotated[float, Field(gt=0, le=86_400), NOT_A_BOOLEAN] = 120
     model: ModelSpec = Field(default_factory=ModelSpec)
     verification: VerificationSpec = Field(default_factory=VerificationSpec)
     lora: LoraSpec | None = Field(
@@ -276,7 +276,7 @@ class TrainingSpec(_Strict):
         description="autocast dtype of the inner steps (weights stay fp32); fp16 scales the loss, and falls "
         "back to fp32 on a CPU, which has no fp16 autocast worth the name",
     )
-    micro_batch_size: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+    micro_batch_size: Annotated[int, Field(ge=1, le=4096), NOT_A_BOOLEAN] | None = Field(
         None, description="split each batch into micro-batches of this size (gradient accumulation)"
     )
     gradient_checkpointing: bool = Field(
@@ -371,7 +371,7 @@ class DataSpec(_Strict):
         description="the name owners offer a private dataset by (`gpuflex provider start --private-data "
         "NAME=DIR`): one worker runs on each online owner that admits this account, on its own data",
     )
-    max_bytes: Annotated[int, Field(ge=10_000, le=256 * 1024 * 1024)] = 2_000_000
+    max_bytes: Annotated[int, Field(ge=10_000, le=256 * 1024 * 1024), NOT_A_BOOLEAN] = 2_000_000
     extensions: list[str] = Field(default_factory=lambda: [".py"])
 
     @model_validator(mode="before")
@@ -400,16 +400,16 @@ class DPSpec(_Strict):
     one round already exceeds, one that needs more noise than ``privacy.dp.MAX_NOISE_MULTIPLIER``) at
     submit, before the budget moves."""
 
-    clip: Annotated[float, Field(gt=0, le=1e6)] = Field(
+    clip: Annotated[float, Field(gt=0, le=1e6), NOT_A_BOOLEAN] = Field(
         description="the L2 norm each owner's pseudo-gradient is clipped to, per round"
     )
-    noise_multiplier: Annotated[float, Field(gt=0, le=100)] | None = Field(
+    noise_multiplier: Annotated[float, Field(gt=0, le=100), NOT_A_BOOLEAN] | None = Field(
         None, description="the noise's standard deviation over the sensitivity; unset: from target_epsilon"
     )
-    target_epsilon: Annotated[float, Field(gt=0, le=100)] | None = Field(
+    target_epsilon: Annotated[float, Field(gt=0, le=100), NOT_A_BOOLEAN] | None = Field(
         None, description="the ε the job may spend at most (needs delta)"
     )
-    delta: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+    delta: Annotated[float, Field(gt=0, lt=1), NOT_A_BOOLEAN] | None = Field(
         None, description="the δ of (ε, δ)-DP; keep it well under 1 / the owners' records"
     )
 
@@ -431,7 +431,7 @@ class PrivacySpec(_Strict):
         "(AES-GCM, a per-job data key made on the consumer's machine); the key sealed only to nodes "
         "holding a live lease on the job, by the consumer's CLI (`submit --watch`, `job keys`)",
     )
-    key_wait_s: Annotated[float, Field(ge=60, le=7 * 86400)] = Field(
+    key_wait_s: Annotated[float, Field(ge=60, le=7 * 86400), NOT_A_BOOLEAN] = Field(
         900,
         description="with encrypt: the longest a leased task waits, paid, for its data key; past it the job "
         "stops (the consumer's CLI was not serving keys) and the unspent budget comes back",
@@ -441,7 +441,7 @@ class PrivacySpec(_Strict):
         description="owners mask their updates (Bonawitz et al.): the aggregator learns only their sum "
         "(federated jobs of at least 3 owners)",
     )
-    secagg_threshold: Annotated[int, Field(ge=2, le=1000)] | None = Field(
+    secagg_threshold: Annotated[int, Field(ge=2, le=1000), NOT_A_BOOLEAN] | None = Field(
         None,
         description="the fewest owners whose masked updates a round needs (a majority of the owners or "
         "more; default: the smallest majority, owners // 2 + 1)",
@@ -453,8 +453,8 @@ class JobSpec(_Strict):
     resources: Resources = Field(default_factory=Resources)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     data: DataSpec = Field(default_factory=DataSpec)
-    max_price_per_hour: Annotated[float, Field(gt=0, le=1000)] = 1.0
-    budget: Annotated[float, Field(gt=0, le=1_000_000)] = 5.0
+    max_price_per_hour: Annotated[float, Field(gt=0, le=1000), NOT_A_BOOLEAN] = 1.0
+    budget: Annotated[float, Field(gt=0, le=1_000_000), NOT_A_BOOLEAN] = 5.0
     pricing: Literal["fixed", "auction"] = Field(
         "fixed",
         description="fixed: each node is paid its own price; auction: the workers' k lowest asks win and "

@@ -36,7 +36,7 @@ COVERAGE = 0.8  # the share of jobs a quote's range should hold: its ends are th
 
 # Before any job has completed. A job's start and end took 5-10 s on the project's 2-core machine for
 # char-gpt jobs (bench/quotes.py), more for a pretrained model that is fetched and loaded: 20 s. The
-# range spans the efficiencies' ratios (0.7 / 0.9 to 0.7 / 0.3 of the model's round), as a factor.
+# range, x/÷ 2.5, is about what the efficiencies 0.3-0.9 around 0.7 gave the model's round before.
 PRIOR_FIXED_S = 20.0
 PRIOR_SPREAD = math.log(2.5)
 PRIOR_BUDGET_OVERRUN = 1.1  # a time-budgeted round over its budget: evaluation, exchange
@@ -82,7 +82,13 @@ class Calibration:
         """From the newest ``HISTORY`` timings (newest first): the fixed seconds of all, the speed of
         those paced as the quoted job is (the prior's with fewer than ``MIN_JOBS`` of them), and the
         error of both over every job; the prior with fewer than ``MIN_JOBS`` jobs in all."""
-        usable = [t for t in timings[:HISTORY] if t.rounds > 0 and t.predicted_round_s > 0]
+        # a job whose clock did not move (its rounds at one instant) says nothing of speed, and its
+        # logarithm would be undefined
+        usable = [
+            t
+            for t in timings[:HISTORY]
+            if t.rounds > 0 and min(t.wall_s, t.steady_round_s, t.predicted_round_s) > 0
+        ]
         if len(usable) < MIN_JOBS:
             return cls.prior(time_budgeted=time_budgeted)
         fixed = statistics.median(t.fixed_s for t in usable)
